@@ -1,0 +1,5 @@
+import sys
+
+from stackproof.cli import main
+
+sys.exit(main())

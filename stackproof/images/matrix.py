@@ -1,0 +1,148 @@
+"""The image matrix (images/matrix.toml): load it, check every field, answer questions about it.
+
+Every other part of stackproof (locks, bake, labels, the runtime pin checks) reads versions from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+from stackproof.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MATRIX_PATH = REPO_ROOT / "images" / "matrix.toml"
+LOCKS_DIR = REPO_ROOT / "images" / "locks"
+TAG_REPOSITORY = "stackproof/pytorch"
+FLAVORS = ("runtime", "devel")
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_VERSION = re.compile(r"^\d+(\.\d+)+$")
+_MAJOR_MINOR = re.compile(r"^\d+\.\d+$")
+# nvidia/cuda:13.0.2-devel-ubuntu24.04 -> CUDA 13.0
+_CUDA_BASE = re.compile(r"^nvidia/cuda:(\d+\.\d+)(\.\d+)?-.*devel")
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    name: str
+    flavor: str
+    base: str
+    python: str
+    torch: str
+    torchvision: str
+    cuda: str
+    cudnn: str
+    nccl: str
+
+    @property
+    def tag(self) -> str:
+        return f"{TAG_REPOSITORY}:{self.torch}-cu{self.cuda}-{self.flavor}"
+
+    @property
+    def lock_path(self) -> Path:
+        return LOCKS_DIR / f"{self.name}.txt"
+
+    @property
+    def cuda_major(self) -> str:
+        return self.cuda.split(".")[0]
+
+    def pins(self) -> dict[str, str]:
+        """The versions this image promises, by the names the runtime checks use."""
+        return {
+            "python": self.python,
+            "torch": self.torch,
+            "torchvision": self.torchvision,
+            "cuda": self.cuda,
+            "cudnn": self.cudnn,
+            "nccl": self.nccl,
+        }
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Image))
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    default: str
+    images: tuple[Image, ...]
+
+    def get(self, name: str) -> Image:
+        for image in self.images:
+            if image.name == name:
+                return image
+        known = ", ".join(i.name for i in self.images)
+        raise ConfigError(f"image {name!r}: not in {MATRIX_PATH.name}; known images: {known}")
+
+    @property
+    def default_image(self) -> Image:
+        return self.get(self.default)
+
+
+def _check_image(raw: dict, index: int) -> Image:
+    label = raw.get("name") or f"#{index + 1}"
+    where = f"{MATRIX_PATH.name}: image {label!r}"
+    missing = [f for f in FIELDS if f not in raw]
+    if missing:
+        raise ConfigError(f"{where}: missing field {missing[0]!r} (every image needs: {', '.join(FIELDS)})")
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r} (known fields: {', '.join(FIELDS)})")
+    for field in FIELDS:
+        if not isinstance(raw[field], str) or not raw[field]:
+            raise ConfigError(f"{where}: field {field!r} must be a non-empty string, found {raw[field]!r}")
+    image = Image(**raw)
+
+    def bad(field: str, expected: str) -> ConfigError:
+        return ConfigError(f"{where}: field {field!r} = {getattr(image, field)!r}, expected {expected}")
+
+    if not _NAME.match(image.name):
+        raise bad("name", "lowercase letters, digits and '-' (it names a bake target and a lock file)")
+    if image.flavor not in FLAVORS:
+        raise bad("flavor", " or ".join(FLAVORS))
+    for field in ("torch", "torchvision", "cudnn", "nccl"):
+        if not _VERSION.match(getattr(image, field)):
+            raise bad(field, "a dotted version such as 1.2.3")
+    for field in ("python", "cuda"):
+        if not _MAJOR_MINOR.match(getattr(image, field)):
+            raise bad(field, "major.minor such as 3.12")
+    if image.flavor == "devel":
+        cuda_base = _CUDA_BASE.match(image.base)
+        if not cuda_base:
+            raise bad("base", "an nvidia/cuda:<cuda>-...devel... image for the devel flavor")
+        if cuda_base.group(1) != image.cuda:
+            raise bad("base", f"an nvidia/cuda devel image of CUDA {image.cuda} (field 'cuda'), "
+                              f"not CUDA {cuda_base.group(1)}")
+    return image
+
+
+def load_matrix(path: Path = MATRIX_PATH) -> Matrix:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found (the image matrix; run from a stackproof checkout)") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path.name}: not valid TOML: {err}") from None
+    unknown = sorted(set(raw) - {"default", "image"})
+    if unknown:
+        raise ConfigError(f"{path.name}: unknown top-level key {unknown[0]!r} (known: default, image)")
+    entries = raw.get("image") or []
+    if not entries:
+        raise ConfigError(f"{path.name}: no [[image]] entries")
+    images = tuple(_check_image(entry, i) for i, entry in enumerate(entries))
+    seen: set[str] = set()
+    for image in images:
+        if image.name in seen:
+            raise ConfigError(f"{path.name}: image {image.name!r}: field 'name' is used twice; names must be unique")
+        seen.add(image.name)
+    tags = [image.tag for image in images]
+    for image in images:
+        if tags.count(image.tag) > 1:
+            raise ConfigError(f"{path.name}: image {image.name!r}: tag {image.tag} is shared with another image; "
+                              "change torch, cuda or flavor")
+    default = raw.get("default")
+    if default not in seen:
+        raise ConfigError(f"{path.name}: field 'default' = {default!r}, expected one of: {', '.join(sorted(seen))}")
+    return Matrix(default=default, images=images)
