@@ -1,0 +1,158 @@
+"""Hashed requirement locks, generated from the matrix with uv, and the check that the matrix, each lock and
+torch's own wheel metadata agree on torch, torchvision, CUDA, cuDNN and NCCL."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+from stackproof.errors import ConfigError
+from stackproof.images import metadata as wheel_meta
+from stackproof.images.matrix import LOCKS_DIR, MATRIX_PATH, Image, Matrix
+
+# The images' CPU and libc floor: torch's own Linux wheels are manylinux_2_28 x86_64.
+LOCK_PLATFORM = "x86_64-manylinux_2_28"
+# Oldest Python the validation layer must install into (any existing PyTorch image, too).
+VALIDATION_PYTHON_FLOOR = "3.10"
+VALIDATION_LOCK = LOCKS_DIR / "validation.txt"
+VALIDATION_REQUIREMENTS = ("pytest", "nvidia-ml-py")
+UV_TIMEOUT_S = 600
+
+_HEADER = "# stackproof lock: image={name} python={python} platform={platform}"
+_HEADER_RE = re.compile(r"^# stackproof lock: image=(\S+) python=(\S+) platform=(\S+)$")
+_PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
+
+# How each pinned component shows up among torch's requirements (and so in a lock).
+_COMPONENT_PACKAGES: dict[str, re.Pattern[str]] = {
+    "cuda": re.compile(r"^(cuda-toolkit|nvidia-cuda-runtime(-cu\d+)?)$"),
+    "cudnn": re.compile(r"^nvidia-cudnn-cu\d+$"),
+    "nccl": re.compile(r"^nvidia-nccl-cu\d+$"),
+}
+
+
+def _uv() -> str:
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    if not Path(uv).exists():
+        raise ConfigError("uv not found: locks are generated with uv; fix: pip install uv (or pip install -e '.[dev]')")
+    return uv
+
+
+def _compile(requirements: Iterable[str], output: Path, header: str, extra_args: list[str]) -> None:
+    cmd = [_uv(), "pip", "compile", "-", "--generate-hashes", "--quiet", "--no-annotate",
+           "--custom-compile-command", "make lock", "--output-file", str(output), *extra_args]
+    try:
+        subprocess.run(cmd, input="\n".join(requirements) + "\n", text=True, check=True, timeout=UV_TIMEOUT_S)
+    except subprocess.CalledProcessError as err:
+        raise ConfigError(f"{output.name}: uv could not resolve {list(requirements)} (exit {err.returncode}); "
+                          "see uv's message above") from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{output.name}: uv took over {UV_TIMEOUT_S} s; is PyPI reachable?") from None
+    output.write_text(header + "\n" + output.read_text())
+
+
+def lock_image(image: Image) -> Path:
+    """Write images/locks/<name>.txt: torch and torchvision with every dependency, pinned and hashed."""
+    image.lock_path.parent.mkdir(parents=True, exist_ok=True)
+    header = _HEADER.format(name=image.name, python=image.python, platform=LOCK_PLATFORM)
+    _compile([f"torch=={image.torch}", f"torchvision=={image.torchvision}"], image.lock_path, header,
+             ["--python-version", image.python, "--python-platform", LOCK_PLATFORM])
+    return image.lock_path
+
+
+def lock_validation() -> Path:
+    """Write images/locks/validation.txt: the validation layer's tools, for any Python the images may have."""
+    header = _HEADER.format(name="validation", python=f">={VALIDATION_PYTHON_FLOOR}", platform="universal")
+    _compile(VALIDATION_REQUIREMENTS, VALIDATION_LOCK, header,
+             ["--universal", "--python-version", VALIDATION_PYTHON_FLOOR])
+    return VALIDATION_LOCK
+
+
+def read_lock(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(header fields, {normalized name: version}) of a lock file."""
+    if not path.exists():
+        raise ConfigError(f"{path.relative_to(path.parents[2])}: missing; fix: make lock")
+    lines = path.read_text().splitlines()
+    header = _HEADER_RE.match(lines[0]) if lines else None
+    if not header:
+        raise ConfigError(f"{path.name}: first line is not a stackproof lock header; fix: make lock")
+    pins = {}
+    for line in lines:
+        match = _PIN_RE.match(line)
+        if match:
+            pins[canonicalize_name(match.group(1))] = match.group(2)
+    fields = dict(zip(("image", "python", "platform"), header.groups(), strict=True))
+    return fields, pins
+
+
+def stack_versions(pins: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """{component: (package, version)} for cuda/cudnn/nccl found among `pins`; CUDA as major.minor."""
+    found = {}
+    for component, pattern in _COMPONENT_PACKAGES.items():
+        for package, version in pins.items():
+            if version and pattern.match(package):
+                found[component] = (package, ".".join(version.split(".")[:2]) if component == "cuda" else version)
+                break
+    return found
+
+
+def _torch_metadata_pins(image: Image) -> tuple[dict[str, str], Requirement | None]:
+    """(exact pins torch's wheel requires, torchvision's requirement on torch)."""
+    torch_reqs = wheel_meta.requirements(wheel_meta.wheel_metadata("torch", image.torch, image.python))
+    vision_reqs = wheel_meta.requirements(wheel_meta.wheel_metadata("torchvision", image.torchvision, image.python))
+    pins = {name: wheel_meta.exact_pin(req) or "" for name, req in torch_reqs.items()}
+    return pins, vision_reqs.get("torch")
+
+
+def check_image(image: Image, with_metadata: bool = True,
+                metadata_source: Callable[[Image], tuple[dict[str, str], Requirement | None]] | None = None,
+                ) -> list[str]:
+    """Every disagreement between the matrix, the image's lock and (optionally) torch's wheel metadata,
+    one line each: image, field, expected, found, fix."""
+    problems: list[str] = []
+    where = f"image {image.name!r}"
+    lock_name = f"images/locks/{image.lock_path.name}"
+    header, lock = read_lock(image.lock_path)
+    if header["python"] != image.python or header["image"] != image.name:
+        problems.append(f"{where}: python: {MATRIX_PATH.name} says {image.python}, {lock_name} was made for "
+                        f"{header['image']} python {header['python']}; fix: make lock")
+    for field in ("torch", "torchvision"):
+        if lock.get(field) != getattr(image, field):
+            problems.append(f"{where}: {field}: {MATRIX_PATH.name} says {getattr(image, field)}, {lock_name} has "
+                            f"{lock.get(field, 'none')}; fix: make lock")
+    lock_stack = stack_versions(lock)
+    for component in _COMPONENT_PACKAGES:
+        expected = getattr(image, component)
+        package, found = lock_stack.get(component, (f"no {component} package", "none"))
+        if found != expected:
+            problems.append(f"{where}: {component}: {MATRIX_PATH.name} says {expected}, {lock_name} has "
+                            f"{package}=={found}; fix: make lock, or correct {component} in {MATRIX_PATH.name}")
+    if not with_metadata:
+        return problems
+    torch_pins, vision_on_torch = (metadata_source or _torch_metadata_pins)(image)
+    meta_stack = stack_versions(torch_pins)
+    for component in _COMPONENT_PACKAGES:
+        expected = getattr(image, component)
+        package, found = meta_stack.get(component, (f"no {component} package", "none"))
+        if found != expected:
+            problems.append(f"{where}: {component}: {MATRIX_PATH.name} says {expected}, torch {image.torch}'s wheel "
+                            f"metadata requires {package}=={found}; fix: set {component} = \"{found}\" in "
+                            f"{MATRIX_PATH.name} (or pick the torch built for {expected}), then make lock")
+    if vision_on_torch is not None and not SpecifierSet(str(vision_on_torch.specifier)).contains(image.torch):
+        problems.append(f"{where}: torchvision: torchvision {image.torchvision} requires {vision_on_torch}, "
+                        f"{MATRIX_PATH.name} says torch {image.torch}; fix: pick the torchvision released with it")
+    return problems
+
+
+def check_matrix(matrix: Matrix, with_metadata: bool = True) -> list[str]:
+    problems = [line for image in matrix.images for line in check_image(image, with_metadata)]
+    if not VALIDATION_LOCK.exists():
+        problems.append(f"images/locks/{VALIDATION_LOCK.name}: missing; fix: make lock")
+    return problems
