@@ -1,0 +1,83 @@
+"""Pins at runtime: what torch really loaded, compared with what the image promised."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stackproof.suite import pins
+
+WHEEL_LIBRARIES = [("nccl", "nvidia-nccl-cu"), ("cudnn", "nvidia-cudnn-cu")]
+
+
+@pytest.fixture(scope="module")
+def promise(settings):
+    return pins.expected(settings.expect_file, settings.image, os.environ)
+
+
+@pytest.fixture(scope="module")
+def running():
+    versions = pins.runtime_versions()  # loads cuDNN, so read the maps after
+    return versions, pins.loaded_libraries()
+
+
+def test_versions_match_the_promise(promise, running, report):
+    versions, libraries = running
+    for component, value in versions.items():
+        report.figure(component, value or "none")
+    report.context("versions", versions)
+    report.context("libraries", libraries)
+    report.context("expected", {"source": promise.source, **promise.versions})
+    if promise.undeclared:
+        report.figure("undeclared", ",".join(promise.undeclared))
+    if not promise.versions:
+        pytest.skip("no expected versions: run inside a stackproof image, or pass --image NAME / --expect-file")
+    wrong = [f"{c}: expected {v} ({promise.source}), found {versions.get(c) or 'none'}"
+             + (f" loaded from {libraries[c]}" if c in libraries else "")
+             for c, v in promise.versions.items() if not pins.same_version(c, v, versions.get(c))]
+    report.hint("a system library shadowing torch's? check LD_LIBRARY_PATH; else rebuild the image from its lock")
+    assert not wrong, "; ".join(wrong)
+
+
+@pytest.mark.parametrize(("library", "wheel_prefix"), WHEEL_LIBRARIES, ids=[w[0] for w in WHEEL_LIBRARIES])
+def test_native_library_comes_from_its_wheel(library, wheel_prefix, running, report):
+    """The NCCL/cuDNN torch runs must be the pip wheel torch was built against, not one found on
+    LD_LIBRARY_PATH (pytorch#122571)."""
+    versions, libraries = running
+    installed = {n: v for n, v in pins.installed_versions().items() if n.startswith(wheel_prefix)}
+    if not installed:
+        pytest.skip(f"no {wheel_prefix}* wheel installed: this torch takes {library} from the system")
+    (wheel, wheel_version), = installed.items()
+    path = libraries.get(library)
+    report.figure("loaded_from", path or "not loaded")
+    report.hint(f"unset LD_LIBRARY_PATH entries that hold another lib{library}, or pin the system package to "
+                f"{wheel_version}")
+    assert path, f"{library}: torch did not load lib{library} at all (expected the {wheel} {wheel_version} wheel's)"
+    assert pins.same_version(library, wheel_version, versions[library]) and "site-packages" in path, (
+        f"{library}: expected {wheel_version} from the {wheel} wheel, found {versions[library]} loaded from {path}")
+
+
+def test_installed_packages_match_the_lock(promise, report):
+    lock = promise.lock
+    if not lock or not Path(lock).exists():
+        pytest.skip("no lock to compare with (stackproof images carry theirs at /etc/stackproof/lock.txt)")
+    installed = pins.installed_versions()
+    locked = pins.read_lock(Path(lock))
+    wrong = [f"{name}: lock {version}, installed {installed.get(name, 'none')}"
+             for name, version in locked.items() if installed.get(name) != version]
+    report.figure("locked_packages", len(locked))
+    report.hint("the environment drifted from the lock: rebuild the image, or pip install --require-hashes -r lock")
+    assert not wrong, f"{len(wrong)} package(s) differ from {lock}: " + "; ".join(wrong[:10])
+
+
+def test_system_nccl_matches_torch(promise, running, report):
+    system = pins.system_nccl()
+    if system is None:
+        pytest.skip("no system libnccl in the linker cache: nothing can shadow torch's")
+    path, version = system
+    torch_nccl = running[0]["nccl"]
+    report.figure("system_nccl", f"{version} ({path})")
+    if promise.flavor != "devel":
+        pytest.skip(f"system NCCL {version} present; it must equal torch's only in the devel flavor")
+    report.hint("apt-get install libnccl2=<torch's NCCL>-1+cuda<CUDA> libnccl-dev=... and apt-mark hold them")
+    assert version == torch_nccl, f"system NCCL {version} ({path}) differs from torch's NCCL {torch_nccl}"

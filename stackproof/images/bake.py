@@ -1,0 +1,158 @@
+"""Render the image matrix as a docker buildx bake file (JSON) that extends the static docker-bake.hcl.
+
+docker-bake.hcl holds how each layer is built (Dockerfiles, contexts, secrets, common labels); this module
+adds only what images/matrix.toml says: one target per image and per layer, their args, tags and links.
+
+    python -m stackproof images bake          # writes build/images.bake.json
+    docker buildx bake -f docker-bake.hcl -f build/images.bake.json default
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from stackproof.errors import ConfigError, StackproofError
+from stackproof.images.matrix import MATRIX_PATH, REPO_ROOT, Image, Matrix, load_matrix
+
+BAKE_HCL = REPO_ROOT / "docker-bake.hcl"
+DEFAULT_OUTPUT = REPO_ROOT / "build" / "images.bake.json"
+WHEELHOUSE_DIR = REPO_ROOT / "wheelhouse"
+VALIDATION_REPOSITORY = "stackproof/validation"
+GROUPS = ("default", "all")
+# Matrix names are [a-z0-9-], so an '_' suffix can never collide with another image's target.
+BASE_SUFFIX = "_base"
+DEVEL_SUFFIX = "_devel"
+VALIDATION_SUFFIX = "_validation"
+
+
+def validation_tag(image: Image) -> str:
+    """stackproof/validation:<same tag as the runtime image>, e.g. stackproof/validation:2.14.1-cu13.0-runtime."""
+    return f"{VALIDATION_REPOSITORY}:{image.tag.split(':', 1)[1]}"
+
+
+def external_validation_tag(base: str) -> str:
+    """The tag of the validation layer on top of someone else's image: its reference as a legal tag."""
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip(".-")[:128]
+    if not tag:
+        raise ConfigError(f"BASE={base!r}: not an image reference; expected e.g. pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime")
+    return f"{VALIDATION_REPOSITORY}:{tag}"
+
+
+def targets_for(image: Image) -> list[str]:
+    """The bake targets `make build IMAGE=<name>` builds: the runtime image and its validation layer."""
+    return [image.name, image.name + VALIDATION_SUFFIX]
+
+
+def wheelhouse_for(image: Image, root: Path = WHEELHOUSE_DIR) -> Path | None:
+    """wheelhouse/<name>/ when it holds wheels (make wheelhouse): the build then installs offline from it."""
+    path = root / image.name
+    return path if any(path.glob("*.whl")) else None
+
+
+def _relative(path: Path) -> str:
+    # buildx resolves local contexts against its working directory: the repository root (see the Makefile).
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
+    base_target = image.name + BASE_SUFFIX
+    targets: dict[str, dict] = {
+        base_target: {"inherits": ["_base"], "args": {"BASE": image.base, "PYTHON": image.python}},
+    }
+    below_runtime = base_target
+    if image.flavor == "devel":
+        below_runtime = image.name + DEVEL_SUFFIX
+        targets[below_runtime] = {
+            "inherits": ["_devel"],
+            "contexts": {"base": f"target:{base_target}"},
+            "args": {"CUDA": image.cuda, "CUDA_MAJOR": image.cuda_major, "CUDNN": image.cudnn, "NCCL": image.nccl},
+        }
+    wheelhouse = wheelhouse_for(image, wheelhouse_root)
+    extra_contexts = {"wheelhouse": _relative(wheelhouse)} if wheelhouse else {}
+    targets[image.name] = {
+        "inherits": ["_runtime"],
+        "contexts": {"base": f"target:{below_runtime}", **extra_contexts},
+        "args": {
+            "IMAGE_NAME": image.name,
+            "FLAVOR": image.flavor,
+            "BASE": image.base,
+            "PYTHON": image.python,
+            "TORCH": image.torch,
+            "TORCHVISION": image.torchvision,
+            "CUDA": image.cuda,
+            "CUDNN": image.cudnn,
+            "NCCL": image.nccl,
+        },
+        "tags": [image.tag],
+    }
+    targets[image.name + VALIDATION_SUFFIX] = {
+        "inherits": ["_validation"],
+        "contexts": {"runtime": f"target:{image.name}", **extra_contexts},
+        "tags": [validation_tag(image)],
+    }
+    return targets
+
+
+def render(matrix: Matrix, wheelhouse_root: Path = WHEELHOUSE_DIR) -> dict:
+    """The bake file for `matrix`: targets per image (see docker-bake.hcl) and the groups default and all."""
+    clash = sorted({image.name for image in matrix.images} & set(GROUPS))
+    if clash:
+        raise ConfigError(f"{MATRIX_PATH.name}: image {clash[0]!r}: field 'name' is a reserved bake group name "
+                          f"({', '.join(GROUPS)}); rename the image")
+    targets: dict[str, dict] = {}
+    for image in matrix.images:
+        targets.update(_image_targets(image, wheelhouse_root))
+    return {
+        "group": {
+            "default": {"targets": targets_for(matrix.default_image)},
+            "all": {"targets": [t for image in matrix.images for t in targets_for(image)]},
+        },
+        "target": targets,
+    }
+
+
+def write(matrix: Matrix, output: Path = DEFAULT_OUTPUT, wheelhouse_root: Path = WHEELHOUSE_DIR) -> Path:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(render(matrix, wheelhouse_root), indent=2) + "\n")
+    return output
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `stackproof images bake` (for the CLI's subparser)."""
+    parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
+                        help="where to write the bake file (default: build/images.bake.json); '-' for stdout")
+    parser.add_argument("--matrix", type=Path, default=MATRIX_PATH, help="the image matrix (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`stackproof images bake`: render the matrix; raises ConfigError (exit 2) on a bad matrix."""
+    matrix = load_matrix(args.matrix)
+    if str(args.output) == "-":
+        json.dump(render(matrix), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        path = write(matrix, args.output)
+        print(f"wrote {_relative(path)}: {len(matrix.images)} images, default {matrix.default!r}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stackproof images bake", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except StackproofError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

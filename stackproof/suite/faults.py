@@ -1,0 +1,17 @@
+"""Faults injected on purpose (--inject-fault) to prove the suite turns red when a rank goes wrong."""
+
+from __future__ import annotations
+
+import time
+
+from stackproof.suite.config import ValidateConfig
+
+
+def active(settings: ValidateConfig, fault: str, rank: int) -> bool:
+    return settings.inject_fault == fault and rank == settings.fault_rank
+
+
+def hang_if_asked(settings: ValidateConfig, rank: int) -> None:
+    """A rank that stops answering: the others must time out and name it, not hang."""
+    if active(settings, "hang", rank):
+        time.sleep(settings.run_timeout_s * 2)

@@ -1,0 +1,150 @@
+"""What actually runs (versions, and the file each native library was loaded from) and what was promised
+(the image's expected.json and lock, a matrix entry, an expect file, or an image's own ENV declarations)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+IMAGE_EXPECTED = Path("/etc/stackproof/expected.json")
+IMAGE_LOCK = Path("/etc/stackproof/lock.txt")
+COMPONENTS = ("python", "torch", "torchvision", "cuda", "cudnn", "nccl")
+# How other images declare their stack (NGC, nvidia/cuda, pytorch/pytorch), first match wins.
+DECLARED_ENV = {
+    "torch": ("PYTORCH_VERSION", "TORCH_VERSION"),
+    "cuda": ("CUDA_VERSION",),
+    "cudnn": ("CUDNN_VERSION", "NV_CUDNN_VERSION"),
+    "nccl": ("NCCL_VERSION", "NV_LIBNCCL_PACKAGE_VERSION"),
+    "torchvision": ("TORCHVISION_VERSION",),
+    "python": ("PYTHON_VERSION",),
+}
+_LIBS = {"nccl": "libnccl.so", "cudnn": "libcudnn.so", "cudart": "libcudart.so", "torch_cuda": "libtorch_cuda.so"}
+
+
+@dataclasses.dataclass
+class Expected:
+    versions: dict[str, str]
+    source: str
+    flavor: str | None = None
+    lock: Path | None = None
+
+    @property
+    def undeclared(self) -> list[str]:
+        return [c for c in COMPONENTS if c not in self.versions]
+
+
+def runtime_versions() -> dict[str, str | None]:
+    import torch
+    import torchvision
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        nccl = None
+    return {
+        "python": ".".join(platform.python_version_tuple()[:2]),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda,
+        # 92400 -> 9.24.0 (cuDNN 9 encodes major*10000 + minor*100 + patch)
+        "cudnn": f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}" if cudnn else None,
+        "nccl": nccl,
+    }
+
+
+def loaded_libraries() -> dict[str, str]:
+    """{'nccl': '/path/libnccl.so.2', ...}: the files this process mapped, from /proc/self/maps."""
+    found: dict[str, str] = {}
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return found
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        for name, stem in _LIBS.items():
+            if name not in found and Path(path).name.startswith(stem):
+                found[name] = path
+    return found
+
+
+def same_version(component: str, expected: str, found: str | None) -> bool:
+    """Compare as far as the runtime can tell: torch's '+cu130' local part and cuDNN's 4th field are not
+    visible at runtime; CUDA and Python are major.minor."""
+    if found is None:
+        return False
+    found = found.split("+")[0]
+    expected = expected.split("+")[0].lstrip("v")
+    if component in ("cuda", "python"):
+        return found.split(".")[:2] == expected.split(".")[:2]
+    if component == "cudnn":
+        return found.split(".")[:3] == expected.split(".")[:3]
+    return found == expected
+
+
+def read_lock(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)==([^\s;\\]+)", line)
+        if match:
+            pins[_normalize(match.group(1))] = match.group(2)
+    return pins
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_versions() -> dict[str, str]:
+    return {_normalize(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()
+            if d.metadata["Name"]}
+
+
+def expected(expect_file: str | None, image: str | None, env: dict[str, str] | os._Environ) -> Expected:
+    """The promise to check against, from the most specific source available."""
+    if expect_file:
+        return _from_file(Path(expect_file), f"--expect-file {expect_file}")
+    if image:
+        from stackproof.images.matrix import load_matrix  # needs the repo's images/ (a host checkout)
+
+        entry = load_matrix().get(image)
+        return Expected(entry.pins(), f"images/matrix.toml image {image!r}", entry.flavor, entry.lock_path)
+    if IMAGE_EXPECTED.exists():
+        return _from_file(IMAGE_EXPECTED, f"{IMAGE_EXPECTED} (baked into the image)")
+    declared = {}
+    for component, names in DECLARED_ENV.items():
+        for name in names:
+            if env.get(name):
+                # NV_LIBNCCL_PACKAGE_VERSION reads like 2.21.5-1+cuda12.4
+                declared[component] = env[name].split("-")[0]
+                break
+    source = "the image's ENV declarations" if declared else "nothing declared"
+    return Expected(declared, source)
+
+
+def _from_file(path: Path, source: str) -> Expected:
+    data = json.loads(path.read_text())
+    versions = {c: str(data[c]) for c in COMPONENTS if data.get(c)}
+    lock = Path(data["lock"]) if data.get("lock") else (IMAGE_LOCK if IMAGE_LOCK.exists() else None)
+    return Expected(versions, source, data.get("flavor"), lock)
+
+
+def system_nccl() -> tuple[str, str] | None:
+    """(path, version) of the libnccl the dynamic linker would find outside Python, if any."""
+    try:
+        cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in cache.splitlines():
+        if "libnccl.so.2 " in line and "=>" in line:
+            path = os.path.realpath(line.split("=>")[1].strip())
+            match = re.search(r"libnccl\.so\.(\d+\.\d+\.\d+)$", path)
+            if match:
+                return path, match.group(1)
+    return None
