@@ -38,7 +38,8 @@ def external_validation_tag(base: str) -> str:
     """The tag of the validation layer on top of someone else's image: its reference as a legal tag."""
     tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip(".-")[:128]
     if not tag:
-        raise ConfigError(f"BASE={base!r}: not an image reference; expected e.g. pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime")
+        raise ConfigError(f"BASE={base!r}: not an image reference; "
+                          "expected e.g. pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime")
     return f"{VALIDATION_REPOSITORY}:{tag}"
 
 
@@ -118,10 +119,22 @@ def render(matrix: Matrix, wheelhouse_root: Path = WHEELHOUSE_DIR) -> dict:
     }
 
 
-def write(matrix: Matrix, output: Path = DEFAULT_OUTPUT, wheelhouse_root: Path = WHEELHOUSE_DIR) -> Path:
+def write(matrix: Matrix, output: Path | str | None = None, wheelhouse_root: Path = WHEELHOUSE_DIR) -> Path:
+    """Write render(matrix) as JSON to `output` (default build/images.bake.json); returns the path."""
+    output = Path(output) if output else DEFAULT_OUTPUT
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(render(matrix, wheelhouse_root), indent=2) + "\n")
     return output
+
+
+# What the Makefile asks about one image (--show FIELD [--image NAME]).
+SHOW = {
+    "name": lambda image: image.name,
+    "targets": lambda image: " ".join(targets_for(image)),
+    "tag": lambda image: image.tag,
+    "validation-tag": validation_tag,
+    "python": lambda image: image.python,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,11 +142,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
                         help="where to write the bake file (default: build/images.bake.json); '-' for stdout")
     parser.add_argument("--matrix", type=Path, default=MATRIX_PATH, help="the image matrix (default: %(default)s)")
+    parser.add_argument("--show", choices=sorted(SHOW), help="print this about --image instead of writing the file")
+    parser.add_argument("--image", metavar="NAME", help="with --show: a matrix image (default: the matrix default)")
+    parser.add_argument("--external-tag", metavar="BASE",
+                        help="print the validation tag for an image outside the matrix (make build-validation)")
 
 
 def run(args: argparse.Namespace) -> int:
     """`stackproof images bake`: render the matrix; raises ConfigError (exit 2) on a bad matrix."""
+    if args.external_tag is not None:
+        print(external_validation_tag(args.external_tag))
+        return 0
     matrix = load_matrix(args.matrix)
+    if args.show:
+        print(SHOW[args.show](matrix.get(args.image) if args.image else matrix.default_image))
+        return 0
     if str(args.output) == "-":
         json.dump(render(matrix), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -1,0 +1,101 @@
+# stackproof: build the pinned PyTorch images from images/matrix.toml and prove them on GPUs.
+# `make help` lists the commands. Every version comes from images/matrix.toml; nothing is pinned here.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+# The project's venv when there is one.
+PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+DOCKER ?= docker
+HADOLINT ?= $(if $(wildcard .venv/bin/hadolint),.venv/bin/hadolint,hadolint)
+# A matrix image name; empty means the matrix default.
+IMAGE ?=
+# make build-validation BASE=<any image with python3 + torch>
+BASE ?=
+# How test-gpu exposes GPUs: e.g. GPU_FLAGS='--device nvidia.com/gpu=all' (CDI) or '--gpus "device=0,1"'.
+GPU_FLAGS ?= --gpus all
+# Extra arguments for the validation container (e.g. ARGS='validate -k nccl').
+ARGS ?=
+REPORTS ?= $(CURDIR)/reports
+# wheelhouse: the platform the images' wheels are for (their locks are made for it, see stackproof/images/locks.py).
+WHEEL_PLATFORM ?= manylinux_2_28_x86_64
+# OFFLINE=1: check skips PyPI (with a wheelhouse, builds need no network at all).
+OFFLINE ?=
+
+BAKE_FILE := build/images.bake.json
+BAKE := $(DOCKER) buildx bake -f docker-bake.hcl -f $(BAKE_FILE)
+IMAGE_OPT := $(if $(IMAGE),--image $(IMAGE))
+# Read by docker-bake.hcl. A proxy's CA bundle goes in as the pip_ca secret when the file exists.
+export PIP_CA ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+export REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+export CREATED ?= $(shell git log -1 --format=%cI 2>/dev/null)
+export SOURCE_URL ?= $(shell git remote get-url origin 2>/dev/null)
+
+show = $$($(PYTHON) -m stackproof.images.bake --show $(1) $(IMAGE_OPT))
+
+# Steps run in the order written: check must fail before any docker work starts.
+.NOTPARALLEL:
+.PHONY: help build build-all build-validation print bake-file lock check wheelhouse lint test validate test-gpu clean
+
+help: ## list the commands
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@echo "  variables: IMAGE=<name> BASE=<image> GPU_FLAGS='$(GPU_FLAGS)' ARGS='...' PYTHON=$(PYTHON) PIP_CA=$(PIP_CA)"
+
+build: check bake-file ## build the default image (or IMAGE=<name>) and its validation layer
+	targets=$(call show,targets); $(BAKE) $$targets
+
+build-all: check bake-file ## build every image of the matrix
+	$(BAKE) all
+
+print: bake-file ## show the build plan (docker buildx bake --print) for IMAGE, or the default
+	targets=$(call show,targets); $(BAKE) --print $$targets
+
+bake-file:
+	$(PYTHON) -m stackproof images bake --output $(BAKE_FILE)
+
+# Bad input (matrix, locks) exits 2 here, before any docker work.
+check: ## matrix vs locks vs torch's wheel metadata (exit 2 on a disagreement; OFFLINE=1 skips PyPI)
+	$(PYTHON) -m stackproof images check $(if $(OFFLINE),--offline) $(IMAGE)
+
+lock: ## regenerate images/locks/ with uv from the matrix
+	$(PYTHON) -m stackproof images lock $(IMAGE)
+
+# The image's lock + the validation lock, for the image's python and platform; make build then uses it offline.
+wheelhouse: check ## download the wheels of IMAGE (or the default) to wheelhouse/<name>/ for offline builds
+	name=$(call show,name); py=$(call show,python); \
+	for lock in images/locks/$$name.txt images/locks/validation.txt; do \
+	    $(PYTHON) -m pip download --require-hashes --no-deps --only-binary=:all: \
+	        --python-version "$$py" --implementation cp --platform $(WHEEL_PLATFORM) \
+	        --dest "wheelhouse/$$name" -r "$$lock"; \
+	done; \
+	echo "wheelhouse/$$name: $$(ls wheelhouse/$$name | wc -l) wheels, $$(du -sh wheelhouse/$$name | cut -f1)"
+
+lint: ## ruff + hadolint
+	$(PYTHON) -m ruff check .
+	$(HADOLINT) docker/*/Dockerfile
+
+test: ## the test suite (python -m pytest)
+	$(PYTHON) -m pytest
+
+validate: ## run the validation suite on this host's python and GPUs
+	$(PYTHON) -m stackproof validate $(ARGS)
+
+# make exits 2 whenever the container fails; the container's own exit code is printed and kept in reports/.
+test-gpu: ## run the validation image of IMAGE (or the default) on the GPUs; reports land in ./reports
+	mkdir -p $(REPORTS) && chmod 1777 $(REPORTS)
+	tag=$(call show,validation-tag); \
+	rc=0; $(DOCKER) run --rm $(GPU_FLAGS) --ipc=host --ulimit memlock=-1 \
+	    -v "$(REPORTS):/reports" "$$tag" $(ARGS) || rc=$$?; \
+	echo "$$rc" > $(REPORTS)/exit-code; echo "test-gpu: $$tag exited with $$rc"; exit "$$rc"
+
+build-validation: ## only the validation layer, on top of BASE=<image> (tag stackproof/validation:<BASE>)
+	@test -n "$(BASE)" || { echo "usage: make build-validation BASE=<image with python3 + torch>" >&2; exit 2; }
+	tag=$$($(PYTHON) -m stackproof.images.bake --external-tag "$(BASE)"); \
+	user=$$($(DOCKER) image inspect --format '{{.Config.User}}' "$(BASE)" 2>/dev/null || true); \
+	VALIDATION_BASE="$(BASE)" VALIDATION_TAG="$$tag" VALIDATION_RUN_USER="$${user:-0:0}" \
+	    $(DOCKER) buildx bake -f docker-bake.hcl validation_external; \
+	echo "built $$tag (on $(BASE), runs as $${user:-0:0})"
+
+clean: ## remove build/ (the rendered bake file); images and wheelhouse/ stay
+	rm -rf build
