@@ -1,0 +1,88 @@
+"""GPU visibility and health: what NVML sees, what torch sees, what was expected, and that every GPU computes."""
+
+import os
+
+import pytest
+import torch
+
+from stackproof.suite import topology
+from stackproof.suite.launcher import expected_gpus
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def inventory():
+    try:
+        return topology.inventory()
+    except topology.NvmlUnavailable as err:
+        pytest.fail(f"torch sees a GPU but NVML does not: {err}; fix: run the container with "
+                    "NVIDIA_DRIVER_CAPABILITIES including utility (stackproof images set compute,utility)")
+
+
+@pytest.fixture(scope="module")
+def visible(inventory):
+    return topology.visible(inventory, topology.cuda_visible_devices())
+
+
+def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
+    count = torch.cuda.device_count()
+    want, why = expected_gpus(settings.expect_gpus, os.environ)
+    report.figure("gpus", count)
+    report.figure("names", ",".join(sorted({g.name for g in visible})))
+    report.figure("driver", inventory.driver_version)
+    report.context("gpus", [{"index": g.index, "name": g.name, "uuid": g.uuid, "memory_bytes": g.memory_total_bytes,
+                             "nvlink_active": g.nvlink_active, "pcie": f"gen{g.pcie_gen} x{g.pcie_width}"}
+                            for g in visible])
+    report.context("driver", {"version": inventory.driver_version, "cuda": inventory.cuda_driver_version})
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
+    assert count == len(visible), (f"torch.cuda.device_count() = {count}, but NVML shows {len(visible)} GPU(s) "
+                                   f"visible (CUDA_VISIBLE_DEVICES={cvd}, NVML total {len(inventory.gpus)})")
+    if settings.expect_gpus is not None:
+        assert count == want, f"expected {want} GPU(s) ({why}), found {count}: {[g.name for g in visible]}"
+
+
+def test_driver_supports_the_image_cuda(inventory, report):
+    built = torch.version.cuda
+    driver = inventory.cuda_driver_version
+    report.figure("torch_cuda", built)
+    report.figure("driver_cuda", driver)
+    built_v, driver_v = (tuple(int(x) for x in v.split(".")[:2]) for v in (built, driver))
+    report.hint(f"install an NVIDIA driver that supports CUDA {built} (or use the image built for CUDA {driver})")
+    assert driver_v[0] >= built_v[0], (f"torch is built for CUDA {built}, the driver {inventory.driver_version} "
+                                       f"supports CUDA {driver} at most")
+    if driver_v < built_v:
+        report.figure("note", f"CUDA minor-version compatibility: {built} on a {driver} driver")
+
+
+def test_every_gpu_computes(dist_env, report):
+    """A matmul on small integers is exact in float32, so the GPU's answer must equal the CPU's bit for bit."""
+    devices = ([dist_env.device] if dist_env.local_world_size >= torch.cuda.device_count()
+               else [torch.device("cuda", i) for i in range(torch.cuda.device_count())])
+    generator = torch.Generator().manual_seed(1234)
+    a = torch.randint(-4, 5, (1024, 1024), generator=generator).float()
+    b = torch.randint(-4, 5, (1024, 1024), generator=generator).float()
+    want = a @ b
+    for device in devices:
+        found = (a.to(device) @ b.to(device)).cpu()
+        wrong = int((found != want).sum())
+        assert not wrong, (f"cuda:{device.index} ({torch.cuda.get_device_name(device)}): matmul differs from the "
+                           f"CPU in {wrong} of {want.numel()} elements")
+    report.figure("devices_checked", len(devices))
+
+
+def test_gpu_health(visible, report):
+    problems = []
+    for g in visible:
+        if g.ecc_uncorrected_volatile:
+            problems.append(f"GPU {g.index} {g.uuid}: {g.ecc_uncorrected_volatile} uncorrected ECC errors since boot")
+        if g.retired_pages_pending:
+            problems.append(f"GPU {g.index} {g.uuid}: retired pages pending (needs a GPU reset)")
+        if g.remapped_rows_failed:
+            problems.append(f"GPU {g.index} {g.uuid}: row remapping failed (RMA candidate)")
+    report.figure("nvlink_active", ",".join(str(g.nvlink_active) for g in visible))
+    report.figure("ecc_uncorrected", ",".join("n/a" if g.ecc_uncorrected_volatile is None
+                                               else str(g.ecc_uncorrected_volatile) for g in visible))
+    report.hint("drain the node and reset or replace the GPU named")
+    assert not problems, "; ".join(problems)

@@ -1,0 +1,81 @@
+"""all_reduce bandwidth sweep (nccl-tests definitions), the transport NCCL chose, and a pass threshold
+derived from the measured topology unless --min-busbw is given."""
+
+import os
+
+import pytest
+
+from stackproof.suite import bandwidth, topology
+
+MiB, GiB, KiB = 1 << 20, 1 << 30, 1 << 10
+
+
+@pytest.fixture(scope="module")
+def sweep(dist_env, settings):
+    low = settings.sweep_min_bytes or (MiB if dist_env.is_gpu else 64 * KiB)
+    high = settings.sweep_max_bytes or (4 * GiB if dist_env.is_gpu else 4 * MiB)
+    return [bandwidth.time_all_reduce(size, dist_env.world_size, dist_env.device, settings.sweep_warmup,
+                                      settings.sweep_iters) for size in bandwidth.sweep_sizes(low, high)]
+
+
+@pytest.fixture(scope="module")
+def gpus(dist_env):
+    if not dist_env.is_gpu:
+        return []
+    try:
+        inventory = topology.inventory()
+    except topology.NvmlUnavailable:
+        return []
+    return topology.visible(inventory, topology.cuda_visible_devices())
+
+
+@pytest.mark.multi_rank
+def test_all_reduce_busbw(sweep, gpus, dist_env, settings, report):
+    threshold = topology.busbw_threshold(gpus, dist_env.num_nodes, settings.busbw_fraction, settings.min_busbw_gbps)
+    header = (f"all_reduce sum in-place, {dist_env.world_size} ranks ({dist_env.backend}), "
+              f"{settings.sweep_iters} iters after {settings.sweep_warmup} warm-up, GB = 1e9 B, time = mean over ranks")
+    report.say("\n" + bandwidth.format_table(sweep, header))
+    report.table("all_reduce_busbw", [row.__dict__ for row in sweep])
+    for row in sweep:
+        if row.size_bytes in (MiB, 64 * MiB, 256 * MiB, GiB, 4 * GiB) or row is sweep[-1]:
+            report.figure(f"busbw@{_human(row.size_bytes)}", round(row.busbw_gbps, 1), "GB/s")
+    largest = sweep[-1]
+    report.context("busbw_threshold", {"gbps": threshold.gbps, "source": threshold.source,
+                                       "at_bytes": largest.size_bytes})
+    report.figure("threshold", threshold.gbps if threshold.gbps is not None else "none",
+                  "GB/s" if threshold.gbps is not None else "")
+    report.say(f"# threshold: {threshold.gbps} GB/s at {largest.size_bytes} B ({threshold.source})")
+    if threshold.gbps is None:
+        if dist_env.is_gpu:
+            report.hint(threshold.source)
+        return
+    report.hint(f"busbw below the topology's bar: check NVLink/PCIe state (nvidia-smi topo -m), NCCL_P2P_DISABLE, "
+                f"NCCL_IB_*; or set the bar with --min-busbw")
+    assert largest.busbw_gbps >= threshold.gbps, (
+        f"all_reduce busbw at {largest.size_bytes} B: expected >= {threshold.gbps} GB/s ({threshold.source}), "
+        f"found {largest.busbw_gbps:.1f} GB/s")
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_rank
+def test_nccl_transport(sweep, gpus, dist_env, report):
+    log = bandwidth.own_nccl_log()
+    mine = sorted(bandwidth.nccl_transports(log)) if log else []
+    everyone = sorted({t for rank in dist_env.exchange(mine, "the NCCL transport report") for t in rank})
+    if not log:
+        pytest.skip("NCCL_DEBUG was set by the caller, so stackproof did not capture NCCL's transport log")
+    kinds = sorted({bandwidth.transport_kind(t) for t in everyone})
+    nvlink = bool(gpus) and all(g.nvlink_active for g in gpus)
+    report.figure("transport", ",".join(everyone) or "unknown")
+    report.context("nccl_transport", {"transports": everyone, "nvlink_up": nvlink, "log": os.path.dirname(log)})
+    assert everyone, f"NCCL logged no transport choice in {log}"
+    if nvlink and dist_env.num_nodes == 1:
+        report.hint("NVLink is up but NCCL avoided P2P: unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL, check IOMMU/ACS")
+        assert "P2P" in kinds, f"NVLink is up on every GPU, expected NCCL's P2P transport, found {everyone}"
+
+
+def _human(nbytes: int) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if nbytes >= size and nbytes % size == 0:
+            return f"{nbytes // size}{unit}"
+    return f"{nbytes}B"
