@@ -1,0 +1,199 @@
+"""Real images: build the default image with `make build` and check it against the matrix and its lock.
+
+Needs a Docker engine with buildx (scripts/ci/docker-engine.sh) and the default image's base
+(scripts/ci/base-images.sh where no registry is reachable). Without one these tests skip, unless
+STACKPROOF_REQUIRE_DOCKER=1 (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from packaging.utils import canonicalize_name
+
+from stackproof.images import bake
+from stackproof.images.locks import read_lock
+from stackproof.images.matrix import REPO_ROOT, load_matrix
+
+IMAGE = load_matrix().default_image
+RUNTIME_TAG = IMAGE.tag
+VALIDATION_TAG = bake.validation_tag(IMAGE)
+BUILD_TIMEOUT_S = 3600
+
+
+def _docker_problem() -> str | None:
+    if not shutil.which("docker"):
+        return "no docker CLI on PATH"
+    for cmd in (["docker", "info"], ["docker", "buildx", "version"]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return f"`{' '.join(cmd)}` failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> None:
+    problem = _docker_problem()
+    if problem:
+        message = f"needs a Docker engine with buildx ({problem}); scripts/ci/docker-engine.sh sets one up"
+        if os.environ.get("STACKPROOF_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"STACKPROOF_REQUIRE_DOCKER=1 but {message}")
+        pytest.skip(message)
+
+
+def make(*args: str, timeout: float = BUILD_TIMEOUT_S, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", f"PYTHON={sys.executable}", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "BUILDKIT_PROGRESS": "plain", **env})
+
+
+@pytest.fixture(scope="session")
+def built(docker_engine) -> None:
+    """`make build` of the default image (cached after the first time)."""
+    proc = make("build")
+    assert proc.returncode == 0, (
+        f"make build failed (is the base {IMAGE.base} there? scripts/ci/base-images.sh):\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+
+
+def run(tag: str, *cmd: str, entrypoint: str | None = None) -> str:
+    docker = ["docker", "run", "--rm", *(["--entrypoint", entrypoint] if entrypoint else []), tag, *cmd]
+    proc = subprocess.run(docker, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(docker)}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.docker
+def test_labels_equal_the_matrix(built):
+    labels = json.loads(subprocess.check_output(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}",
+                                                 RUNTIME_TAG]))
+    expected = {"image": IMAGE.name, "flavor": IMAGE.flavor, **IMAGE.pins()}
+    assert {key: labels.get(f"io.stackproof.{key}") for key in expected} == expected
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert labels["org.opencontainers.image.base.name"] == IMAGE.base
+    assert labels["org.opencontainers.image.version"] == RUNTIME_TAG.split(":", 1)[1]
+    assert IMAGE.torch in labels["org.opencontainers.image.description"]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("tag", [RUNTIME_TAG, VALIDATION_TAG])
+def test_runs_as_non_root(built, tag):
+    assert run(tag, "id", "-u", entrypoint="").strip() != "0"
+
+
+@pytest.mark.docker
+def test_torch_and_torchvision_versions_equal_the_matrix(built):
+    out = run(RUNTIME_TAG, "python", "-c",
+              "import json, torch, torchvision; print(json.dumps([torch.__version__, torchvision.__version__]))")
+    versions = [v.split("+")[0] for v in json.loads(out)]
+    assert versions == [IMAGE.torch, IMAGE.torchvision]
+
+
+@pytest.mark.docker
+def test_pip_freeze_equals_the_lock(built):
+    out = run(RUNTIME_TAG, "pip", "freeze", "--all")
+    frozen = {}
+    for line in out.splitlines():
+        name, _, version = line.partition("==")
+        assert version, f"not a pinned distribution in pip freeze: {line!r}"
+        frozen[canonicalize_name(name)] = version.split("+")[0]
+    frozen.pop("pip")  # the venv's installer; the lock pins everything else
+    _, locked = read_lock(IMAGE.lock_path)
+    assert frozen == locked
+
+
+@pytest.mark.docker
+def test_expected_json_equals_the_matrix(built):
+    expected = json.loads(run(RUNTIME_TAG, "cat", "/etc/stackproof/expected.json"))
+    assert expected == {"image": IMAGE.name, "flavor": IMAGE.flavor, **IMAGE.pins()}
+    assert list(expected) == ["image", "flavor", "python", "torch", "torchvision", "cuda", "cudnn", "nccl"]
+    assert run(RUNTIME_TAG, "cat", "/etc/stackproof/lock.txt") == IMAGE.lock_path.read_text()
+
+
+@pytest.mark.docker
+def test_entrypoint_passes_commands_through_and_runs_stackproof(built):
+    assert run(VALIDATION_TAG, "bash", "-c", "echo ok").strip() == "ok"
+    assert run(VALIDATION_TAG, "python3", "-c", "import pytest, pynvml, stackproof; print(stackproof.__file__)") \
+        .strip() == "/opt/stackproof/stackproof/__init__.py"
+    assert run(VALIDATION_TAG, "cat", "/proc/1/comm").strip() == "tini"
+    assert run(VALIDATION_TAG, "--version").startswith("stackproof ")
+    assert "usage: stackproof validate" in run(VALIDATION_TAG, "validate", "--help")
+    assert run(VALIDATION_TAG, "sh", "-c", 'touch "$STACKPROOF_REPORTS/probe" && echo $STACKPROOF_REPORTS') \
+        .strip() == "/reports"
+
+
+# "[current_validation stage-1 7/8] COPY smoke_tests/ /opt/stackproof/smoke_tests/"
+_STEP = re.compile(r"^#(\d+) \[(\S+)(?: [^\]]*)? \d+/\d+\] (.*)$")
+
+
+def build_steps(plain_log: str) -> dict[str, bool]:
+    """{'<target>: <instruction>': cached} for every Dockerfile step in a --progress=plain log."""
+    names: dict[str, str] = {}
+    cached: set[str] = set()
+    for line in plain_log.splitlines():
+        step = _STEP.match(line)
+        if step and not step.group(3).startswith("FROM "):  # FROM resolves the image every time
+            names[step.group(1)] = f"{step.group(2)}: {step.group(3)}"
+        elif re.match(r"^#\d+ CACHED$", line):
+            cached.add(line.split()[0][1:])
+    return {name: vertex in cached for vertex, name in names.items()}
+
+
+@pytest.mark.docker
+def test_editing_smoke_tests_rebuilds_only_the_last_layer(built):
+    assert make("build").returncode == 0  # settle whatever changed since the fixture's build
+    probe = REPO_ROOT / "smoke_tests" / f".rebuild-probe-{uuid.uuid4().hex}.txt"
+    probe.write_text("changed\n")
+    try:
+        started = time.monotonic()
+        proc = make("build")
+        elapsed = time.monotonic() - started
+    finally:
+        probe.unlink()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = build_steps(proc.stderr + proc.stdout)
+    rebuilt = sorted(name for name, was_cached in steps.items() if not was_cached)
+    last = f"{IMAGE.name}_validation: COPY smoke_tests/ /opt/stackproof/smoke_tests/"
+    assert rebuilt == [last], f"rebuilt: {rebuilt}"
+    assert sum(steps.values()) >= 10, f"too few cached steps seen, is the log format right? {steps}"
+    print(f"rebuild after a smoke_tests/ edit: {elapsed:.1f} s (make build, incl. check and bake file)")
+
+
+@pytest.mark.docker
+def test_build_validation_on_another_base(built):
+    proc = make("build-validation", f"BASE={RUNTIME_TAG}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tag = bake.external_validation_tag(RUNTIME_TAG)
+    assert run(tag, "--version").startswith("stackproof ")
+    assert run(tag, "id", "-u", entrypoint="").strip() == "1000"  # the base's own user, put back
+
+
+def test_a_bad_matrix_exits_2_before_any_docker_work(tmp_path):
+    """Runs without Docker: `docker` is a stub that records being called."""
+    if not shutil.which("make"):
+        pytest.skip("no make")
+    for part in ("Makefile", "docker-bake.hcl", "docker", "images", "stackproof", "smoke_tests"):
+        src = REPO_ROOT / part
+        (shutil.copytree(src, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+         if src.is_dir() else shutil.copy(src, tmp_path / part))
+    matrix = tmp_path / "images" / "matrix.toml"
+    matrix.write_text(matrix.read_text().replace(f'cuda = "{IMAGE.cuda}"', 'cuda = "thirteen"'))
+    called = tmp_path / "docker-was-called"
+    stub = tmp_path / "docker-stub"
+    stub.write_text(f"#!/bin/sh\necho \"$@\" >> {called}\nexit 0\n")
+    stub.chmod(0o755)
+    proc = subprocess.run(["make", "build", f"PYTHON={sys.executable}", f"DOCKER={stub}"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "cuda" in proc.stderr and "thirteen" in proc.stderr, proc.stderr
+    assert re.search(r"\[Makefile:\d+: check\] Error 2", proc.stderr), proc.stderr  # make relays the exit code 2
+    assert not called.exists(), f"docker was called: {called.read_text()}"
+    assert not Path(tmp_path / "build").exists()
