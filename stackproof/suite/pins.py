@@ -15,6 +15,8 @@ from pathlib import Path
 IMAGE_EXPECTED = Path("/etc/stackproof/expected.json")
 IMAGE_LOCK = Path("/etc/stackproof/lock.txt")
 COMPONENTS = ("python", "torch", "torchvision", "cuda", "cudnn", "nccl")
+# Set by the validation layer: on a bare host these variables often describe system libraries torch never loads.
+DECLARED_SWITCH = "STACKPROOF_EXPECT_DECLARED"
 # How other images declare their stack (NGC, nvidia/cuda, pytorch/pytorch), first match wins.
 DECLARED_ENV = {
     "torch": ("PYTORCH_VERSION", "TORCH_VERSION"),
@@ -117,6 +119,8 @@ def expected(expect_file: str | None, image: str | None, env: dict[str, str] | o
         return Expected(entry.pins(), f"images/matrix.toml image {image!r}", entry.flavor, entry.lock_path)
     if IMAGE_EXPECTED.exists():
         return _from_file(IMAGE_EXPECTED, f"{IMAGE_EXPECTED} (baked into the image)")
+    if env.get(DECLARED_SWITCH) != "1":
+        return Expected({}, f"nothing declared (inside a validation layer, {DECLARED_SWITCH}=1 reads the image's ENV)")
     declared = {}
     for component, names in DECLARED_ENV.items():
         for name in names:
@@ -124,7 +128,8 @@ def expected(expect_file: str | None, image: str | None, env: dict[str, str] | o
                 # NV_LIBNCCL_PACKAGE_VERSION reads like 2.21.5-1+cuda12.4
                 declared[component] = env[name].split("-")[0]
                 break
-    source = "the image's ENV declarations" if declared else "nothing declared"
+    source = f"the image's ENV ({', '.join(f'{c}={v}' for c, v in declared.items())})" if declared else \
+        "nothing declared by the image's ENV"
     return Expected(declared, source)
 
 

@@ -76,6 +76,28 @@ def _optional(call, *args):
         return None
 
 
+def _field(nvml, handle, field_id: int, scope: int | None = None) -> int | None:
+    """One NVML field value as an int, whatever its value type; None when the GPU does not report it."""
+    request = [(field_id, scope)] if scope is not None else [field_id]
+    values = _optional(nvml.nvmlDeviceGetFieldValues, handle, request)
+    if not values or values[0].nvmlReturn != nvml.NVML_SUCCESS:
+        return None
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+    return int(getattr(values[0].value, member.get(values[0].valueType, "uiVal")))
+
+
+def _nvlink_speed_mbps(nvml, handle) -> int:
+    """Per-link NVLink speed (MB/s): the common speed of active links, else link 0's."""
+    for field_id, scope in ((nvml.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON, None),
+                            (getattr(nvml, "NVML_FI_DEV_NVLINK_GET_SPEED", None), 0),
+                            (nvml.NVML_FI_DEV_NVLINK_SPEED_MBPS_L0, None)):
+        if field_id is not None:
+            speed = _field(nvml, handle, field_id, scope)
+            if speed:
+                return speed
+    return 0
+
+
 def _gpu(nvml, index: int) -> Gpu:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     gpu = Gpu(index=index, name=nvml.nvmlDeviceGetName(handle), uuid=nvml.nvmlDeviceGetUUID(handle),
@@ -84,9 +106,7 @@ def _gpu(nvml, index: int) -> Gpu:
         if _optional(nvml.nvmlDeviceGetNvLinkState, handle, link) == nvml.NVML_FEATURE_ENABLED:
             gpu.nvlink_active += 1
     if gpu.nvlink_active:
-        fields = _optional(nvml.nvmlDeviceGetFieldValues, handle, [nvml.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON])
-        if fields and fields[0].nvmlReturn == nvml.NVML_SUCCESS:
-            gpu.nvlink_speed_mbps = int(fields[0].value.uiVal)
+        gpu.nvlink_speed_mbps = _nvlink_speed_mbps(nvml, handle)
     gpu.pcie_gen = _optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle) or 0
     gpu.pcie_width = _optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle) or 0
     gpu.ecc_uncorrected_volatile = _optional(nvml.nvmlDeviceGetTotalEccErrors, handle,
