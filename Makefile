@@ -18,9 +18,10 @@ GPU_FLAGS ?= --gpus all
 # Extra arguments for the validation container (e.g. ARGS='validate -k nccl').
 ARGS ?=
 REPORTS ?= $(CURDIR)/reports
-# wheelhouse: the platform the images' wheels are for (their locks are made for it, see stackproof/images/locks.py).
-WHEEL_PLATFORM ?= manylinux_2_28_x86_64
-# OFFLINE=1: check skips PyPI (with a wheelhouse, builds need no network at all).
+# wheelhouse: the platforms the images' wheels may carry; the locks are made for x86_64-manylinux_2_28, and pip
+# --platform does not imply the older glibc tags, so they are listed.
+WHEEL_PLATFORMS ?= $(foreach v,28 27 26 25 24 23 22 21 20 19 18 17,manylinux_2_$(v)_x86_64) manylinux2014_x86_64
+# OFFLINE=1: check skips PyPI (after make wheelhouse, pip installs from wheelhouse/<name>/ with --no-index).
 OFFLINE ?=
 
 BAKE_FILE := build/images.bake.json
@@ -61,15 +62,17 @@ check: ## matrix vs locks vs torch's wheel metadata (exit 2 on a disagreement; O
 lock: ## regenerate images/locks/ with uv from the matrix
 	$(PYTHON) -m stackproof images lock $(IMAGE)
 
-# The image's lock + the validation lock, for the image's python and platform; make build then uses it offline.
+# The image's lock (wheelhouse/<name>/) + the validation lock (wheelhouse/<name>/validation/), for the image's
+# python and platform; make build then installs from them with --no-index.
 wheelhouse: check ## download the wheels of IMAGE (or the default) to wheelhouse/<name>/ for offline builds
 	name=$(call show,name); py=$(call show,python); \
-	for lock in images/locks/$$name.txt images/locks/validation.txt; do \
+	for pair in "images/locks/$$name.txt wheelhouse/$$name" "images/locks/validation.txt wheelhouse/$$name/validation"; do \
+	    set -- $$pair; \
 	    $(PYTHON) -m pip download --require-hashes --no-deps --only-binary=:all: \
-	        --python-version "$$py" --implementation cp --platform $(WHEEL_PLATFORM) \
-	        --dest "wheelhouse/$$name" -r "$$lock"; \
+	        --python-version "$$py" --implementation cp $(addprefix --platform ,$(WHEEL_PLATFORMS)) \
+	        --dest "$$2" -r "$$1"; \
 	done; \
-	echo "wheelhouse/$$name: $$(ls wheelhouse/$$name | wc -l) wheels, $$(du -sh wheelhouse/$$name | cut -f1)"
+	echo "wheelhouse/$$name: $$(find wheelhouse/$$name -name '*.whl' | wc -l) wheels, $$(du -sh wheelhouse/$$name | cut -f1)"
 
 lint: ## ruff + hadolint
 	$(PYTHON) -m ruff check .

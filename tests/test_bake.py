@@ -76,7 +76,11 @@ def test_wheelhouse_context_only_when_it_holds_wheels(tmp_path):
     (tmp_path / image.name / "torch-0-py3-none-any.whl").write_bytes(b"")
     offline = bake.render(MATRIX, wheelhouse_root=tmp_path)["target"]
     assert offline[image.name]["contexts"]["wheelhouse"] == str(tmp_path / image.name)
-    assert offline[f"{image.name}_validation"]["contexts"]["wheelhouse"] == str(tmp_path / image.name)
+    assert "wheelhouse" not in offline[f"{image.name}_validation"]["contexts"]
+    (tmp_path / image.name / "validation").mkdir()
+    (tmp_path / image.name / "validation" / "pytest-0-py3-none-any.whl").write_bytes(b"")
+    offline = bake.render(MATRIX, wheelhouse_root=tmp_path)["target"]
+    assert offline[f"{image.name}_validation"]["contexts"]["wheelhouse"] == str(tmp_path / image.name / "validation")
 
 
 def test_group_names_are_reserved():

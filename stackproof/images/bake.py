@@ -48,9 +48,10 @@ def targets_for(image: Image) -> list[str]:
     return [image.name, image.name + VALIDATION_SUFFIX]
 
 
-def wheelhouse_for(image: Image, root: Path = WHEELHOUSE_DIR) -> Path | None:
-    """wheelhouse/<name>/ when it holds wheels (make wheelhouse): the build then installs offline from it."""
-    path = root / image.name
+def wheelhouse_for(image: Image, root: Path = WHEELHOUSE_DIR, layer: str = "runtime") -> Path | None:
+    """wheelhouse/<name>/ (runtime) or wheelhouse/<name>/validation/ when it holds wheels (make wheelhouse):
+    that layer then installs from it with --no-index."""
+    path = root / image.name / ("validation" if layer == "validation" else "")
     return path if any(path.glob("*.whl")) else None
 
 
@@ -75,11 +76,13 @@ def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
             "contexts": {"base": f"target:{base_target}"},
             "args": {"CUDA": image.cuda, "CUDA_MAJOR": image.cuda_major, "CUDNN": image.cudnn, "NCCL": image.nccl},
         }
-    wheelhouse = wheelhouse_for(image, wheelhouse_root)
-    extra_contexts = {"wheelhouse": _relative(wheelhouse)} if wheelhouse else {}
+    def wheelhouse(layer: str) -> dict[str, str]:
+        path = wheelhouse_for(image, wheelhouse_root, layer)
+        return {"wheelhouse": _relative(path)} if path else {}
+
     targets[image.name] = {
         "inherits": ["_runtime"],
-        "contexts": {"base": f"target:{below_runtime}", **extra_contexts},
+        "contexts": {"base": f"target:{below_runtime}", **wheelhouse("runtime")},
         "args": {
             "IMAGE_NAME": image.name,
             "FLAVOR": image.flavor,
@@ -95,7 +98,7 @@ def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
     }
     targets[image.name + VALIDATION_SUFFIX] = {
         "inherits": ["_validation"],
-        "contexts": {"runtime": f"target:{image.name}", **extra_contexts},
+        "contexts": {"runtime": f"target:{image.name}", **wheelhouse("validation")},
         "tags": [validation_tag(image)],
     }
     return targets
