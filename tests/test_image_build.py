@@ -176,6 +176,16 @@ def test_build_validation_on_another_base(built):
     assert run(tag, "id", "-u", entrypoint="").strip() == "1000"  # the base's own user, put back
 
 
+@pytest.mark.docker
+def test_a_base_without_the_python_fails_naming_base_and_python(built):
+    target = f"{IMAGE.name}_base"
+    proc = subprocess.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "build/images.bake.json",
+                           "--progress=plain", target, "--set", f"{target}.args.PYTHON=3.99"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert f"error: BASE={IMAGE.base} does not ship python3.99" in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_bad_matrix_exits_2_before_any_docker_work(tmp_path):
     """Runs without Docker: `docker` is a stub that records being called."""
     if not shutil.which("make"):

@@ -4,7 +4,8 @@
 #
 # Usage: scripts/ci/base-images.sh [IMAGE_REF ...]
 #   default: the base of the matrix's default image (images/matrix.toml), e.g. debian:trixie-slim.
-# Only Debian refs (debian:<suite>[-slim]) can be made this way; others must be pulled or loaded.
+# Makes debian:<suite>[-slim] and ubuntu:<YY.MM|codename> (from deb.debian.org / archive.ubuntu.com);
+# other refs (nvidia/cuda:...) must be pulled or `docker load`ed.
 # Skips a ref that already exists. Needs root (debootstrap) and a running engine (scripts/ci/docker-engine.sh).
 set -euo pipefail
 
@@ -21,27 +22,49 @@ if [ "$#" -eq 0 ]; then
     set -- "$("$PY" -c 'from stackproof.images.matrix import load_matrix; print(load_matrix().default_image.base)')"
 fi
 
-MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+UBUNTU_MIRROR="${UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}"
 
 for ref in "$@"; do
     if docker image inspect "$ref" >/dev/null 2>&1; then
         log "$ref: already present, skipped"
         continue
     fi
+    keyring=/usr/share/keyrings/debian-archive-keyring.gpg
     case "$ref" in
-        debian:*) suite="${ref#debian:}"; suite="${suite%-slim}" ;;
-        *) die "$ref: only debian:<suite>[-slim] can be made with debootstrap; pull or 'docker load' it instead" ;;
+        debian:*) distro=debian; suite="${ref#debian:}"; suite="${suite%-slim}"; mirror="$DEBIAN_MIRROR" ;;
+        ubuntu:*)
+            distro=ubuntu; suite="${ref#ubuntu:}"; mirror="$UBUNTU_MIRROR"
+            keyring=/usr/share/keyrings/ubuntu-archive-keyring.gpg
+            case "$suite" in
+                20.04) suite=focal ;; 22.04) suite=jammy ;; 24.04) suite=noble ;; 26.04) suite=resolute ;;
+                [0-9]*) die "$ref: unknown Ubuntu release; pass its codename, e.g. ubuntu:noble" ;;
+            esac ;;
+        *) die "$ref: only debian:<suite>[-slim] and ubuntu:<release> can be made with debootstrap; pull or 'docker load' it" ;;
     esac
-    if ! command -v debootstrap >/dev/null 2>&1; then
-        log "installing debootstrap"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null \
-            || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; }
+    need=(debootstrap)
+    [ "$distro" = ubuntu ] && need+=(ubuntu-keyring)
+    if ! command -v debootstrap >/dev/null 2>&1 || [ ! -f "$keyring" ]; then
+        log "installing ${need[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }
+    fi
+    # Older debootstraps lack scripts for newer Ubuntu releases; every Ubuntu script is the same as gutsy.
+    script=()
+    if [ ! -e "/usr/share/debootstrap/scripts/$suite" ] && [ "$distro" = ubuntu ]; then
+        script=(/usr/share/debootstrap/scripts/gutsy)
     fi
     root="$(mktemp -d /tmp/stackproof-rootfs.XXXXXX)"
-    trap 'rm -rf "$root"' EXIT
-    log "$ref: debootstrap --variant=minbase $suite (mirror $MIRROR)"
-    debootstrap --variant=minbase "$suite" "$root" "$MIRROR" >"$root.log" 2>&1 \
+    trap 'rm -rf "$root" "$root.log"' EXIT
+    log "$ref: debootstrap --variant=minbase $suite (mirror $mirror)"
+    debootstrap --variant=minbase --keyring="$keyring" "$suite" "$root" "$mirror" "${script[@]}" >"$root.log" 2>&1 \
         || { tail -n 30 "$root.log" >&2; die "$ref: debootstrap $suite failed (log above)"; }
+    if [ "$distro" = ubuntu ]; then
+        # As in the official image: updates, security and universe (tini lives there).
+        printf 'deb %s %s main restricted universe multiverse\n' \
+            "$mirror" "$suite" "$mirror" "$suite-updates" "$mirror" "$suite-security" >"$root/etc/apt/sources.list"
+    fi
     # Like the official -slim images: no apt lists or caches in the base.
     rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb
     tar -C "$root" -c . | docker import \
