@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import socket
 
 import torch
@@ -33,7 +34,17 @@ def adopt_slurm_env(env: dict[str, str]) -> None:
     env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
     # SLURM_TASKS_PER_NODE reads like "2(x3)": 2 tasks on each of 3 nodes.
     env["LOCAL_WORLD_SIZE"] = (env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")).split("(")[0]
-    env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+    # Rank 0 (task 0 of the step) runs on the step's first node, and hosts the store there. Not
+    # SLURM_LAUNCH_NODE_IPADDR: that is where srun ran (a login node under salloc), where no rank may run.
+    # First node of "gpu[003-004,010],login1" -> "gpu003", as `scontrol show hostnames` would list it; parsed
+    # here because containers (pyxis) have no scontrol. Its name must resolve on every node, as node names do.
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if nodelist:
+        first = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
+        first = re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], first)
+    else:
+        first = env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+    env.setdefault("MASTER_ADDR", first)
     env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.suite.config import ValidateConfig
+from stackproof.suite.config import CONFIG_ENV, ValidateConfig
 from stackproof.suite.dist import adopt_slurm_env
 
 LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
@@ -40,6 +40,9 @@ def _nccl_debug_to_file(reports: Path) -> None:
 
 def run(settings: ValidateConfig) -> int:
     adopt_slurm_env(os.environ)  # type: ignore[arg-type]
+    # The plugin reads the settings from the environment: under srun/torchrun (no launcher in between) they
+    # come from this rank's own command line, so hand them on, or --reports, --timeout, --inject-fault... are lost.
+    os.environ[CONFIG_ENV] = settings.to_env()
     rank = int(os.environ.get("RANK", "0"))
     reports = settings.reports_dir
     _nccl_debug_to_file(reports)
