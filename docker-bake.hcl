@@ -51,7 +51,11 @@ target "_common" {
     PIP_CA != "" ? ["type=file,id=pip_ca,src=${PIP_CA}"] : [],
     STACKPROOF_PIP_INDEX_URL != "" ? ["type=env,id=pip_index_url,env=STACKPROOF_PIP_INDEX_URL"] : [],
   )
-  # Labels every image shares; the per-image ones come from build args in the Dockerfiles.
+}
+
+# Labels every image shares (the per-image ones come from build args in the Dockerfiles). Only on the images
+# people run: on the intermediate layers a new revision would only churn untagged images.
+target "_labels" {
   labels = {
     for key, value in {
       "org.opencontainers.image.licenses" = "Apache-2.0"
@@ -86,14 +90,14 @@ target "_devel" {
 # Rendered targets set every matrix field as an arg, contexts.base, tags and, after make wheelhouse,
 # contexts.wheelhouse.
 target "_runtime" {
-  inherits   = ["_common"]
+  inherits   = ["_common", "_labels"]
   context    = "."
   dockerfile = "docker/runtime/Dockerfile"
 }
 
 # Rendered targets set contexts.runtime, tags and maybe contexts.wheelhouse.
 target "_validation" {
-  inherits   = ["_common"]
+  inherits   = ["_common", "_labels"]
   context    = "."
   dockerfile = "docker/validation/Dockerfile"
 }
