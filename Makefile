@@ -15,6 +15,8 @@ IMAGE ?=
 BASE ?=
 # How test-gpu exposes GPUs: e.g. GPU_FLAGS='--device nvidia.com/gpu=all' (CDI) or '--gpus "device=0,1"'.
 GPU_FLAGS ?= --gpus all
+# The rest of test-gpu's docker run flags: NCCL wants shared memory and pinned memory without limits.
+RUN_FLAGS ?= --ipc=host --ulimit memlock=-1
 # Extra arguments for the validation container (e.g. ARGS='validate -k nccl').
 ARGS ?=
 REPORTS ?= $(CURDIR)/reports
@@ -86,9 +88,10 @@ validate: ## run the validation suite on this host's python and GPUs
 
 # make exits 2 whenever the container fails; the container's own exit code is printed and kept in reports/.
 test-gpu: ## run the validation image of IMAGE (or the default) on the GPUs; reports land in ./reports
-	mkdir -p $(REPORTS) && chmod 1777 $(REPORTS)
+	@# The image runs as uid 1000, which must be able to replace reports of earlier runs (yours or its own).
+	mkdir -p $(REPORTS) && chmod 0777 $(REPORTS)
 	tag=$(call show,validation-tag); \
-	rc=0; $(DOCKER) run --rm $(GPU_FLAGS) --ipc=host --ulimit memlock=-1 \
+	rc=0; $(DOCKER) run --rm $(GPU_FLAGS) $(RUN_FLAGS) \
 	    -v "$(REPORTS):/reports" "$$tag" $(ARGS) || rc=$$?; \
 	echo "$$rc" > $(REPORTS)/exit-code; echo "test-gpu: $$tag exited with $$rc"; exit "$$rc"
 
