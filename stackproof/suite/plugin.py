@@ -101,41 +101,47 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     rep: pytest.TestReport = yield
     config = item.config
     env = config.stash[DIST_KEY]
+    message = _message(rep)
     if env.world_size > 1 and not config.stash[REPORT_KEY].verdict_override:
-        _agree(rep, env, f"{item.nodeid} ({call.when})", item)
+        message = _agree(rep, message, env, f"{item.nodeid} ({call.when})", item)
     check = config.stash[REPORT_KEY].check(item.nodeid)
     check.duration_s += rep.duration
     if rep.failed or (rep.skipped and check.outcome != "failed"):
         check.outcome = rep.outcome
-        check.message = check.message or _message(rep)
+        check.message = check.message or message
     return rep
 
 
-def _agree(rep: pytest.TestReport, env: sp_dist.DistEnv, what: str, item: pytest.Item) -> None:
+def _agree(rep: pytest.TestReport, message: str, env: sp_dist.DistEnv, what: str, item: pytest.Item) -> str:
+    """Make this rank's report the world's: failed if any rank failed. Returns the message to record."""
     try:
-        everyone = env.exchange({"outcome": rep.outcome, "message": _message(rep)}, what)
+        everyone = env.exchange({"outcome": rep.outcome, "message": message}, what)
     except sp_dist.RankTimeout as err:
         rep.outcome, rep.longrepr = "failed", str(err)
         item.session.shouldstop = str(err)
         item.config.stash[REPORT_KEY].verdict_override = (EXIT_INCOMPLETE, str(err))
-        return
-    failed = [(r, o["message"]) for r, o in enumerate(everyone) if o["outcome"] == "failed"]
+        return str(err)
+    failed: dict[str, list[int]] = {}
+    for rank, outcome in enumerate(everyone):
+        if outcome["outcome"] == "failed":
+            failed.setdefault(outcome["message"], []).append(rank)
     skipped = [r for r, o in enumerate(everyone) if o["outcome"] == "skipped"]
     if failed:
-        others = [(r, m) for r, m in failed if r != env.rank]
-        if not others:
-            return
-        detail = "\n".join(f"rank {r}: {m}" for r, m in failed)
-        ranks = [r for r, _ in failed]
-        text = f"failed on rank(s) {ranks} of {env.world_size}:\n{detail}"
+        ranks = sorted(r for group in failed.values() for r in group)
+        # Ranks that failed the same way are named together.
+        text = f"failed on rank(s) {ranks} of {env.world_size}: " + " | ".join(
+            f"rank(s) {group}: {msg}" if len(failed) > 1 else msg for msg, group in failed.items())
         if rep.failed:
             rep.longrepr = f"{rep.longreprtext}\n\n{text}"
         else:
             rep.outcome, rep.longrepr = "failed", text
-    elif skipped and len(skipped) != env.world_size:
+        return text
+    if skipped and len(skipped) != env.world_size:
         rep.outcome = "failed"
         rep.longrepr = (f"ranks disagree: skipped on {skipped}, ran on the others; the suite's skip decisions "
                         "must be the same on every rank")
+        return str(rep.longrepr)
+    return message
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:

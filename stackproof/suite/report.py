@@ -107,13 +107,12 @@ class Report:
         return path
 
     def table(self) -> str:
-        rows = [(c.name, c.verdict, "; ".join(f"{k}={f.text()}" for k, f in c.figures.items()),
-                 (c.hint or c.message.splitlines()[0] if c.message else c.hint) if c.outcome != "passed" else "")
+        rows = [(c.name, c.verdict, "; ".join(f"{k}={f.text()}" for k, f in c.figures.items()), _note(c))
                 for c in self.checks]
         width = max([len("check"), *(len(r[0]) for r in rows)])
         fig_width = min(60, max([len("figure"), *(len(r[2]) for r in rows)]))
         lines = [f"# {'check':<{width}}  verdict  {'figure':<{fig_width}}  hint"]
-        lines += [f"  {name:<{width}}  {verdict:<7}  {figure:<{fig_width}}  {hint[:160]}".rstrip()
+        lines += [f"  {name:<{width}}  {verdict:<7}  {figure:<{fig_width}}  {hint[:240]}".rstrip()
                   for name, verdict, figure, hint in rows]
         counts = self.counts()
         lines.append("#")
@@ -123,3 +122,13 @@ class Report:
             lines.append(f"# {self.verdict_override[1]}")
         lines.append(f"# Verdict: {self.verdict} (exit code {self.exit_code}: {EXIT_CODES[self.exit_code]})")
         return "\n".join(lines)
+
+
+def _note(check: Check) -> str:
+    """The table's last column: why it failed and the fix, or why it was skipped."""
+    if check.outcome == "passed":
+        return ""
+    first_line = check.message.splitlines()[0] if check.message else ""
+    if check.outcome == "failed" and check.hint:
+        return f"{first_line} -- fix: {check.hint}"
+    return first_line

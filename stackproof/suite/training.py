@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterable
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 NUM_CLASSES = 1000
@@ -45,14 +44,15 @@ def digest(tensors: Iterable[torch.Tensor]) -> str:
     return hasher.hexdigest()[:16]
 
 
-def first_difference(named: list[tuple[str, torch.Tensor]], src: int) -> str:
-    """Which tensor differs from rank `src`'s copy, and by how much (run on every rank: a collective)."""
-    for name, tensor in named:
-        theirs = tensor.detach().clone()
-        dist.broadcast(theirs, src=src)
-        if not torch.equal(theirs, tensor.detach()):
-            delta = (theirs.float() - tensor.detach().float()).abs().max().item()
-            return f"{name} (max |difference| {delta:.3g})"
+def per_tensor_digests(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, str]]:
+    """[(name, digest)] so ranks can name the first tensor that differs without another collective."""
+    return [(name, digest([tensor])) for name, tensor in named]
+
+
+def first_difference(mine: list[tuple[str, str]], reference: list[tuple[str, str]]) -> str:
+    for (name, ours), (_, theirs) in zip(mine, reference, strict=True):
+        if ours != theirs:
+            return name
     return "none"
 
 

@@ -1,0 +1,139 @@
+"""Unit tests of the suite's arithmetic and bookkeeping: bandwidth math, threshold derivation, known answers,
+report writing, settings checks."""
+
+import json
+
+import pytest
+import torch
+
+from stackproof.errors import ConfigError
+from stackproof.suite import bandwidth, known_answers, topology
+from stackproof.suite.config import ValidateConfig
+from stackproof.suite.report import Check, Figure, Report
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+BUSBW_CASES = [  # (bytes, seconds, ranks, algbw, busbw): nccl-tests' PERFORMANCE.md definitions
+    (GiB, 0.01, 2, 107.374, 107.374),
+    (GiB, 0.01, 8, 107.374, 187.905),
+    (4 * GiB, 12.5e-3, 2, 343.597, 343.597),
+]
+
+
+@pytest.mark.parametrize(("nbytes", "seconds", "ranks", "algbw", "busbw"), BUSBW_CASES)
+def test_bandwidth_definitions(nbytes, seconds, ranks, algbw, busbw):
+    assert bandwidth.algbw_gbps(nbytes, seconds) == pytest.approx(algbw, rel=1e-4)
+    assert bandwidth.busbw_gbps(nbytes, seconds, ranks) == pytest.approx(busbw, rel=1e-4)
+
+
+def test_sweep_doubles_from_min_to_max():
+    assert bandwidth.sweep_sizes(MiB, 8 * MiB) == [MiB, 2 * MiB, 4 * MiB, 8 * MiB]
+    assert len(bandwidth.sweep_sizes(MiB, 4 * GiB)) == 13
+
+
+def test_table_follows_the_nccl_tests_contract():
+    rows = [bandwidth.Row(MiB, MiB // 4, "float", "sum", 21.4, 49.0, 49.0)]
+    lines = bandwidth.format_table(rows, "all_reduce").splitlines()
+    data = [line for line in lines if not line.startswith("#")]
+    assert data == ["       1048576        262144     float    sum      21.40    49.00    49.00"]
+    assert "(GB/s)" in lines[2] and "(us)" in lines[2] and lines[-1].startswith("# Avg bus bandwidth")
+
+
+NCCL_LOG = """vm:683:700 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+vm:683:700 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+vm:683:700 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1
+node2:11:12 [0] NCCL INFO Channel 00/0 : 1[0] -> 2[0] [send] via NET/IB/0/GDRDMA
+"""
+
+
+def test_transport_read_from_nccl_info_log(tmp_path):
+    (tmp_path / "nccl.vm.683.log").write_text(NCCL_LOG)
+    found = bandwidth.nccl_transports(str(tmp_path / "nccl.*.log"))
+    assert found == {"P2P/CUMEM/read", "NET/IB/0/GDRDMA"}
+    assert {bandwidth.transport_kind(t) for t in found} == {"P2P", "NET"}
+
+
+def h200(index=0, links=18, speed=26562, gen=5, width=16):
+    return topology.Gpu(index, "NVIDIA H200", f"GPU-{index}", 141 * GiB, nvlink_active=links,
+                        nvlink_speed_mbps=speed, pcie_gen=gen, pcie_width=width)
+
+
+def test_threshold_from_nvlink():
+    threshold = topology.busbw_threshold([h200(0), h200(1)], num_nodes=1, fraction=0.5, override=None)
+    assert threshold.gbps == pytest.approx(0.5 * 18 * 26.562, abs=0.1)
+    assert "NVLink 18 links" in threshold.source
+
+
+def test_threshold_from_pcie_when_no_nvlink_and_slowest_gpu_wins():
+    gpus = [h200(0, links=0, gen=4, width=16), h200(1, links=0, gen=4, width=8)]
+    threshold = topology.busbw_threshold(gpus, num_nodes=1, fraction=0.5, override=None)
+    assert threshold.gbps == pytest.approx(0.5 * 16 * 8 * 128 / 130 / 8, abs=0.1)
+    assert "PCIe gen4 x8" in threshold.source
+
+
+def test_threshold_override_and_multi_node():
+    assert topology.busbw_threshold([h200()], 1, 0.5, override=123.0).gbps == 123.0
+    across = topology.busbw_threshold([h200()], num_nodes=2, fraction=0.5, override=None)
+    assert across.gbps is None and "--min-busbw" in across.source
+
+
+def test_cuda_visible_devices_by_index_and_uuid():
+    inventory = topology.Inventory("580.1", "13.0", [h200(0), h200(1), h200(2)])
+    assert [g.index for g in topology.visible(inventory, "2,0")] == [2, 0]
+    assert [g.index for g in topology.visible(inventory, "GPU-1")] == [1]
+    assert [g.index for g in topology.visible(inventory, "1,7,2")] == [1]  # CUDA stops at the first bad entry
+    assert topology.visible(inventory, "") == []
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8, 16])
+@pytest.mark.parametrize("op", list(known_answers.OPS))
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "int32"])
+def test_known_answers_are_exact_in_every_dtype(op, dtype_name, world):
+    """The expected result computed in int64 must survive the cast to the test dtype unchanged."""
+    dtype = known_answers.DTYPES[dtype_name]
+    want = known_answers.expected(op, world, 4099, dtype, torch.device("cpu"))
+    exact = known_answers.expected(op, world, 4099, torch.int64, torch.device("cpu"))
+    assert torch.equal(want.to(torch.int64), exact)
+
+
+def test_first_mismatch_reports_index_and_values():
+    want = torch.arange(10, dtype=torch.float32)
+    found = want.clone()
+    found[7] += 1
+    bad = known_answers.first_mismatch(found, want)
+    assert (bad.index, bad.found, bad.expected, bad.wrong) == (7, 8.0, 7.0, 1)
+
+
+def test_report_json_and_table_agree_on_the_verdict(tmp_path):
+    report = Report()
+    report.checks = [Check("test_05_bandwidth.py::test_all_reduce_busbw", figures={"busbw": Figure(343.9, "GB/s")}),
+                     Check("test_02_gpus.py::test_gpu_health", "failed", message="GPU 1: 3 uncorrected ECC errors",
+                           hint="drain the node"),
+                     Check("test_02_gpus.py::test_every_gpu_computes", "skipped", message="needs a CUDA GPU")]
+    data = json.loads(report.write(tmp_path).read_text())
+    assert (data["verdict"], data["exit_code"], data["counts"]) == ("FAILED", 1,
+                                                                    {"passed": 1, "failed": 1, "skipped": 1})
+    table = report.table().splitlines()
+    assert all(line.startswith("#") for line in table if "check" in line.split()[:2] or not line.startswith("  "))
+    assert "  bandwidth::all_reduce_busbw" in table[1] and "busbw=343.9 GB/s" in table[1]
+    assert "GPU 1: 3 uncorrected ECC errors -- fix: drain the node" in table[2]
+    assert table[-1] == "# Verdict: FAILED (exit code 1: a check failed)"
+
+
+def test_a_report_with_no_checks_is_not_ok():
+    assert Report().exit_code == 4
+
+
+def test_settings_errors_print_every_value():
+    with pytest.raises(ConfigError) as err:
+        ValidateConfig(cpu_procs=0, busbw_fraction=2.0)
+    text = str(err.value)
+    assert "cpu_procs must be >= 1" in text and "busbw_fraction must be in (0, 1]" in text
+    assert "timeout_s=300.0" in text and "inject_fault=None" in text
+
+
+def test_settings_travel_to_the_ranks_unchanged(monkeypatch):
+    settings = ValidateConfig(expect_gpus=8, min_busbw_gbps=300.0, pytest_args=("-k", "ddp"))
+    monkeypatch.setenv("STACKPROOF_CONFIG", settings.to_env())
+    assert ValidateConfig.from_env() == settings

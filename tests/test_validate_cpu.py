@@ -1,0 +1,105 @@
+"""The suite run for real on CPU: torchrun, gloo, real worker processes. Includes runs that break something on
+purpose, to prove the verdict turns red (and names the rank) when it should."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stackproof.suite.report import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_NO_GPU, EXIT_OK
+
+RUN_TIMEOUT_S = 600
+# Small buffers: the exactness logic is the same at every size; CI time is not.
+QUICK = ["--max-check-bytes", "64K", "--sweep-max", "256K"]
+
+
+def validate(tmp_path, *args, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("NVIDIA_VISIBLE_DEVICES", "STACKPROOF_REPORTS")}
+    env.update(env_extra or {})
+    reports = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "stackproof", "validate", "--reports", str(reports), *args],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+    report = json.loads((reports / "report.json").read_text()) if (reports / "report.json").exists() else None
+    return proc, report
+
+
+def checks(report, outcome):
+    return {c["name"]: c for c in report["checks"] if c["outcome"] == outcome}
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_whole_suite_passes_on_cpu_ranks(tmp_path, nproc):
+    proc, report = validate(tmp_path, "--nproc", str(nproc), *QUICK)
+    assert proc.returncode == EXIT_OK, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert report["verdict"] == "OK" and report["context"]["world_size"] == nproc
+    ran = {c["name"].split("::")[0] for c in report["checks"] if c["outcome"] == "passed"}
+    assert {"host", "pins", "collectives", "bandwidth", "ddp_resnet"} <= ran
+    skipped = checks(report, "skipped")
+    assert all(c["message"] for c in skipped.values()), "every skip names its reason"
+    assert (tmp_path / "reports" / "junit.xml").exists()
+    assert "# Verdict: OK" in proc.stdout
+    if nproc > 1:
+        assert (tmp_path / "reports" / "logs" / f"rank{nproc - 1}.log").exists()
+
+
+def test_wrong_all_reduce_on_one_rank_fails_and_names_it(tmp_path):
+    proc, report = validate(tmp_path, "--inject-fault", "allreduce-add-one", "--fault-rank", "1",
+                            "-k", "all_reduce and float32", *QUICK)
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:]
+    failed = checks(report, "failed")
+    assert "collectives::all_reduce[sum-float32]" in failed
+    message = failed["collectives::all_reduce[sum-float32]"]["message"]
+    assert "rank(s) [1]" in message and "first wrong index 0" in message and "expected" in message
+    assert "# Verdict: FAILED" in proc.stdout
+
+
+def test_perturbed_gradients_on_one_rank_fail_the_ddp_checks(tmp_path):
+    proc, report = validate(tmp_path, "--inject-fault", "perturb-grad", "-k", "ddp", *QUICK)
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:]
+    failed = checks(report, "failed")
+    assert "rank(s) [1]" in failed["ddp_resnet::gradients_are_identical_across_ranks"]["message"]
+    assert "ddp_resnet::parameters_are_identical_after_the_step" in failed
+    assert "ddp_resnet::sampler_shards_are_disjoint_and_cover_the_dataset" in checks(report, "passed")
+
+
+def test_a_hung_rank_ends_the_run_naming_it(tmp_path):
+    proc, report = validate(tmp_path, "--inject-fault", "hang", "--timeout", "5", "-k", "barrier")
+    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
+    assert report["exit_code"] == EXIT_INCOMPLETE
+    assert "rank(s) [1] did not finish" in report["exit_meaning"]
+
+
+def test_expected_gpus_but_none_visible_exits_3(tmp_path):
+    proc, report = validate(tmp_path, "--expect-gpus", "1")
+    assert proc.returncode == EXIT_NO_GPU
+    assert "no GPU visible" in proc.stdout and "--expect-gpus 0" in proc.stdout
+    assert report["exit_code"] == EXIT_NO_GPU and report["verdict"] == "FAILED"
+
+
+def test_a_container_that_asked_for_gpus_expects_them(tmp_path):
+    proc, _ = validate(tmp_path, env_extra={"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert proc.returncode == EXIT_NO_GPU
+    assert "NVIDIA_VISIBLE_DEVICES=all" in proc.stdout
+
+
+def test_pins_compared_with_an_expect_file(tmp_path):
+    import torch
+
+    right = {"torch": torch.__version__.split("+")[0], "cuda": torch.version.cuda,
+             "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    (tmp_path / "right.json").write_text(json.dumps(right))
+    proc, report = validate(tmp_path, "--expect-file", str(tmp_path / "right.json"), "-k", "pins", "--nproc", "1")
+    assert proc.returncode == EXIT_OK, proc.stdout[-3000:]
+    (tmp_path / "wrong.json").write_text(json.dumps({**right, "nccl": "2.0.1"}))
+    proc, report = validate(tmp_path, "--expect-file", str(tmp_path / "wrong.json"), "-k", "pins", "--nproc", "1")
+    assert proc.returncode == EXIT_FAILED
+    message = checks(report, "failed")["pins::versions_match_the_promise"]["message"]
+    assert f"nccl: expected 2.0.1" in message and f"found {right['nccl']} loaded from" in message
+
+
+def test_bad_flags_exit_2_before_anything_runs(tmp_path):
+    proc, report = validate(tmp_path, "--timeout", "900", "--run-timeout", "60")
+    assert proc.returncode == 2 and report is None
+    assert "timeout_s must not exceed run_timeout_s" in proc.stderr and "run_timeout_s=60" in proc.stderr
