@@ -43,12 +43,15 @@ class Recorder:
 
     def say(self, text: str) -> None:
         """Print on rank 0 only, straight to the terminal (past pytest's capture)."""
-        if self._is_main:
-            reporter = self._item.config.pluginmanager.get_plugin("terminalreporter")
-            if reporter:
-                reporter.write_line(text)
-            else:
-                print(text, file=sys.__stdout__, flush=True)
+        if not self._is_main:
+            return
+        plugins = self._item.config.pluginmanager
+        reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+        if reporter is None or capture is None:
+            print(text, file=sys.__stdout__, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(text)
 
 
 def pytest_configure(config: pytest.Config) -> None:

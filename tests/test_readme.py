@@ -1,0 +1,17 @@
+"""The README's matrix table mirrors images/matrix.toml: a version changed in one place only fails here."""
+
+from stackproof.images.matrix import REPO_ROOT, load_matrix
+
+
+def matrix_rows():
+    matrix = load_matrix()
+    for image in matrix.images:
+        name = f"**{image.name}** (default)" if image.name == matrix.default else image.name
+        yield (f"| {name} | {image.flavor} | {image.base} | {image.python} | {image.torch} | {image.torchvision} "
+               f"| {image.cuda} | {image.cudnn} | {image.nccl} |")
+
+
+def test_readme_matrix_table_equals_the_matrix():
+    readme = (REPO_ROOT / "README.md").read_text()
+    table = [line for line in readme.splitlines() if line.startswith("| ") and line.count("|") == 10][1:]
+    assert table == list(matrix_rows()), "update the README's matrix table from images/matrix.toml"
