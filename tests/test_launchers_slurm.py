@@ -1,6 +1,8 @@
-"""Slurm: how a rank under srun finds its world, and real jobs on a real two-node cluster.
+"""Slurm and torchrun: how a rank under srun finds its world, the multi-node torchrun wrapper, and real jobs on
+a real two-node Slurm cluster.
 
-The unit tests (dist.adopt_slurm_env, the worker handing the command line's settings to every rank) run
+The unit tests (dist.adopt_slurm_env, the worker handing the command line's settings to every rank) and the
+torchrun wrapper's runs (two torchruns on this host: c10d rendezvous, a missing node, GPU expectations) run
 everywhere. The `slurm` tests submit scripts/slurm/validate.sbatch and plain `srun` to the cluster that
 scripts/ci/slurm-cluster.sh starts (nodes n1, n2: two slurmd on one host, CPU ranks over gloo). Without that
 cluster they skip, unless STACKPROOF_REQUIRE_SLURM=1 (CI), where they fail.
@@ -99,6 +101,68 @@ def test_worker_hands_its_settings_to_every_ranks_plugin(monkeypatch, tmp_path):
     worker.run(settings)
     assert ValidateConfig.from_env() == settings
     assert json.loads(seen["config"])["inject_fault"] == "allreduce-add-one"
+
+
+# --- scripts/torchrun/validate.sh on this host (two "nodes" = two torchruns) --------------------------------
+
+TORCHRUN_SCRIPT = REPO / "scripts" / "torchrun" / "validate.sh"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun_nodes(tmp_path: Path, node_envs: list[dict[str, str]], *args: str,
+                    timeout: float = JOB_TIMEOUT_S) -> list[subprocess.CompletedProcess]:
+    procs = [subprocess.Popen(["bash", str(TORCHRUN_SCRIPT), "--reports", str(tmp_path / "reports"), *args],
+                              cwd=tmp_path, env=_rank_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True) for env in node_envs]
+    done = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                os.killpg(p.pid, 9)
+            pytest.fail(f"torchrun wrapper still running after {timeout} s")
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, ""))
+    return done
+
+
+def test_torchrun_wrapper_c10d_two_nodes(tmp_path):
+    endpoint = f"127.0.0.1:{_free_port()}"
+    nodes = _torchrun_nodes(tmp_path, [{"NNODES": "2", "RDZV_ENDPOINT": endpoint, "RDZV_ID": "t"}] * 2, *SUBSET)
+    for node in nodes:
+        assert node.returncode == 0, node.stdout[-5000:]
+    report = json.loads((tmp_path / "reports" / "report.json").read_text())
+    assert report["verdict"] == "OK" and report["context"]["world_size"] == 2
+
+
+def test_torchrun_wrapper_missing_node_times_out(tmp_path):
+    """NNODES=2, one node never comes: the rendezvous gives up after RDZV_TIMEOUT_S, exit 4 (nothing hangs)."""
+    env = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "RDZV_TIMEOUT_S": "5"}
+    started = time.monotonic()
+    (node,) = _torchrun_nodes(tmp_path, [env], *SUBSET, timeout=120)
+    assert node.returncode == 4, node.stdout[-3000:]
+    assert time.monotonic() - started < 60
+    assert "rendezvous timed out" in node.stdout
+
+
+def test_torchrun_wrapper_refuses_cpu_when_gpus_are_expected(tmp_path):
+    (node,) = _torchrun_nodes(tmp_path, [{"EXPECT_GPUS": "8", "CUDA_VISIBLE_DEVICES": ""}], timeout=60)
+    assert node.returncode == 3 and "sees 0 GPU(s)" in node.stdout and "expected 8" in node.stdout
+
+
+@pytest.mark.parametrize("env", [{"NNODES": "2"}, {"NNODES": "two"}, {"NNODES": "2", "NODE_RANK": "2",
+                                                                          "MASTER_ADDR": "h"}])
+def test_torchrun_wrapper_bad_settings_exit_2(tmp_path, env):
+    (node,) = _torchrun_nodes(tmp_path, [env], timeout=60)
+    assert node.returncode == 2, node.stdout
 
 
 # --- a real cluster -----------------------------------------------------------------------------------------

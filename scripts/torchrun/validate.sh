@@ -10,6 +10,8 @@
 # Env (all optional):
 #   NNODES           nodes in the run (default 1; "MIN:MAX" is not supported: a validation needs a fixed world)
 #   NPROC_PER_NODE   ranks per node (default: the GPUs this node sees; 1 CPU rank (gloo) when it sees none)
+#   EXPECT_GPUS      GPUs this node must see, else exit 3 (default: >= 1 when NVIDIA_VISIBLE_DEVICES names
+#                    devices, as in stackproof's images; EXPECT_GPUS=0 validates on CPU on purpose)
 #   NODE_RANK + MASTER_ADDR [+ MASTER_PORT, default 29500]: static rendezvous, ranks by node order
 #   RDZV_ENDPOINT    host:port of the c10d rendezvous (any node, usually the first); RDZV_ID names the run
 #                    (default stackproof, or the Slurm job id): nodes join whichever run has their id
@@ -44,15 +46,26 @@ if [ -f "$here/../../stackproof/__init__.py" ]; then
     export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+    # Set but empty or "-1" hides every GPU.
+    gpus="$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -cvE '^\s*(-1)?\s*$' || true)"
+elif command -v nvidia-smi >/dev/null 2>&1; then
+    gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+else
+    gpus=0
+fi
+# GPUs this node must see, as `stackproof validate` decides it: EXPECT_GPUS, else >= 1 in a container started
+# for GPUs (NVIDIA_VISIBLE_DEVICES names devices). Ranks that see none would run on CPU and pass.
+want="${EXPECT_GPUS:-}"
+if [ -z "$want" ] && [ -n "${NVIDIA_VISIBLE_DEVICES:-}" ]; then
+    case "$NVIDIA_VISIBLE_DEVICES" in void|none|VOID|NONE) ;; *) want=1 ;; esac
+fi
+if [ -n "$want" ] && [ "$gpus" -lt "$want" ]; then
+    log "this node sees $gpus GPU(s) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}), expected $want (EXPECT_GPUS / NVIDIA_VISIBLE_DEVICES=${NVIDIA_VISIBLE_DEVICES-unset}); EXPECT_GPUS=0 validates on CPU on purpose"
+    log "Verdict: FAILED (exit code 3: no GPU visible, but GPUs were expected)"
+    exit 3
+fi
 if [ -z "${NPROC_PER_NODE:-}" ]; then
-    if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
-        # Set but empty or "-1" hides every GPU.
-        gpus="$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -cvE '^\s*(-1)?\s*$' || true)"
-    elif command -v nvidia-smi >/dev/null 2>&1; then
-        gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
-    else
-        gpus=0
-    fi
     NPROC_PER_NODE="$gpus"
     [ "$gpus" -gt 0 ] || NPROC_PER_NODE=1
 fi
