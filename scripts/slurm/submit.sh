@@ -8,7 +8,8 @@
 #
 # Env: NODES (default 1), GPUS_PER_NODE (default 8; 0 = no GPU requested), TASKS_PER_NODE (default
 # GPUS_PER_NODE, or 1 without GPUs; with STACKPROOF_LAUNCH=torchrun the job still holds that many tasks per
-# node, the step runs one torchrun per node), TIME_LIMIT (sbatch --time, default 00:45:00), PARTITION,
+# node, the step runs one torchrun per node), CPUS_PER_TASK (sbatch -c: CPUs per rank, for the ResNet step and
+# DataLoader workers; Slurm's default is often 1), TIME_LIMIT (sbatch --time, default 00:45:00), PARTITION,
 # ACCOUNT, SBATCH_EXTRA (more sbatch flags, split on spaces), NO_WAIT=1 (print the job id and return).
 # The STACKPROOF_* variables of validate.sbatch pass through (sbatch exports the environment).
 set -euo pipefail
@@ -21,6 +22,7 @@ TIME_LIMIT="${TIME_LIMIT:-00:45:00}"
 
 args=(--nodes="$NODES" --ntasks-per-node="$TASKS_PER_NODE" --time="$TIME_LIMIT")
 [ "$GPUS_PER_NODE" -eq 0 ] || args+=(--gpus-per-node="$GPUS_PER_NODE")
+[ -z "${CPUS_PER_TASK:-}" ] || args+=(--cpus-per-task="$CPUS_PER_TASK")
 [ -z "${PARTITION:-}" ] || args+=(--partition="$PARTITION")
 [ -z "${ACCOUNT:-}" ] || args+=(--account="$ACCOUNT")
 # shellcheck disable=SC2206  # deliberately split
