@@ -1,4 +1,5 @@
 """Real images: build the default image with `make build` and check it against the matrix and its lock.
+STACKPROOF_TEST_IMAGE=<name> picks another image of the matrix.
 
 Needs a Docker engine with buildx (scripts/ci/docker-engine.sh) and the default image's base
 (scripts/ci/base-images.sh where no registry is reachable). Without one these tests skip, unless
@@ -24,7 +25,10 @@ from stackproof.images import bake
 from stackproof.images.locks import read_lock
 from stackproof.images.matrix import REPO_ROOT, load_matrix
 
-IMAGE = load_matrix().default_image
+# STACKPROOF_TEST_IMAGE=<name> runs these against another matrix image.
+_MATRIX = load_matrix()
+IMAGE = _MATRIX.get(os.environ["STACKPROOF_TEST_IMAGE"]) if os.environ.get("STACKPROOF_TEST_IMAGE") \
+    else _MATRIX.default_image
 RUNTIME_TAG = IMAGE.tag
 VALIDATION_TAG = bake.validation_tag(IMAGE)
 BUILD_TIMEOUT_S = 3600
@@ -51,13 +55,14 @@ def docker_engine() -> None:
 
 
 def make(*args: str, timeout: float = BUILD_TIMEOUT_S, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", f"PYTHON={sys.executable}", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "BUILDKIT_PROGRESS": "plain", **env})
+    return subprocess.run(["make", f"PYTHON={sys.executable}", f"IMAGE={IMAGE.name}", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "BUILDKIT_PROGRESS": "plain", **env})
 
 
 @pytest.fixture(scope="session")
 def built(docker_engine) -> None:
-    """`make build` of the default image (cached after the first time)."""
+    """`make build` of the image (cached after the first time)."""
     proc = make("build")
     assert proc.returncode == 0, (
         f"make build failed (is the base {IMAGE.base} there? scripts/ci/base-images.sh):\n"
