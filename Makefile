@@ -76,9 +76,11 @@ wheelhouse: check ## download the wheels of IMAGE (or the default) to wheelhouse
 	done; \
 	echo "wheelhouse/$$name: $$(find wheelhouse/$$name -name '*.whl' | wc -l) wheels, $$(du -sh wheelhouse/$$name | cut -f1)"
 
-lint: ## ruff + hadolint
+lint: ## ruff + hadolint (+ shellcheck when installed)
 	$(PYTHON) -m ruff check .
 	$(HADOLINT) docker/*/Dockerfile
+	if command -v shellcheck >/dev/null; then shellcheck scripts/ci/*.sh docker/validation/entrypoint.sh; \
+	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 test: ## the test suite (python -m pytest)
 	$(PYTHON) -m pytest

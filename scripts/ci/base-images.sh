@@ -18,6 +18,7 @@ docker info >/dev/null 2>&1 || die "no Docker engine answers; run scripts/ci/doc
 
 PY="${PYTHON:-python3}"
 if [ "$#" -eq 0 ]; then
+    "$PY" -c 'import tomllib' 2>/dev/null || die "$PY (Python >= 3.11) is needed to read images/matrix.toml; set PYTHON= or pass the image refs"
     # The matrix is the single source of truth for the FROM name.
     set -- "$("$PY" -c 'from stackproof.images.matrix import load_matrix; print(load_matrix().default_image.base)')"
 fi
