@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stackproof.suite import topology
-from stackproof.suite.launcher import expected_gpus
+from stackproof.suite.visibility import expected_gpus
 
 pytestmark = pytest.mark.gpu
 

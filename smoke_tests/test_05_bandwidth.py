@@ -49,8 +49,8 @@ def test_all_reduce_busbw(sweep, gpus, dist_env, settings, report):
         if dist_env.is_gpu:
             report.hint(threshold.source)
         return
-    report.hint(f"busbw below the topology's bar: check NVLink/PCIe state (nvidia-smi topo -m), NCCL_P2P_DISABLE, "
-                f"NCCL_IB_*; or set the bar with --min-busbw")
+    report.hint("busbw below the topology's bar: check NVLink/PCIe state (nvidia-smi topo -m), NCCL_P2P_DISABLE, "
+                "NCCL_IB_*; or set the bar with --min-busbw")
     assert largest.busbw_gbps >= threshold.gbps, (
         f"all_reduce busbw at {largest.size_bytes} B: expected >= {threshold.gbps} GB/s ({threshold.source}), "
         f"found {largest.busbw_gbps:.1f} GB/s")

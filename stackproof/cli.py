@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from stackproof import __version__
 from stackproof.errors import ConfigError, StackproofError
+from stackproof.images import bake
 
 _SIZE = re.compile(r"^(\d+)([KMG]i?B?|B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -74,8 +75,7 @@ def _images_parser(sub: argparse._SubParsersAction) -> None:
     check.add_argument("names", nargs="*", metavar="IMAGE", help="only these images (default: all)")
     lock = images.add_parser("lock", help="regenerate hashed locks with uv from the matrix")
     lock.add_argument("names", nargs="*", metavar="IMAGE", help="only these images (default: all + validation)")
-    bake = images.add_parser("bake", help="write the bake file of matrix values (build/images.bake.json)")
-    bake.add_argument("--output", default=None, metavar="PATH", help="where to write it (default build/images.bake.json)")
+    bake.add_arguments(images.add_parser("bake", help="write the bake file of matrix values (build/images.bake.json)"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,11 +135,7 @@ def _images(args: argparse.Namespace) -> int:
         print(f"# {len(chosen)} image(s) agree with their {source}: {', '.join(i.name for i in chosen)}")
         return 0
     if args.images_command == "bake":
-        from stackproof.images import bake
-
-        path = bake.write(matrix, args.output)
-        print(path)
-        return 0
+        return bake.run(args)
     raise AssertionError(args.images_command)
 
 

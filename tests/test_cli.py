@@ -15,7 +15,7 @@ FROZEN = {
     "images list": ["--help", "-h"],
     "images check": ["--help", "--offline", "-h"],
     "images lock": ["--help", "-h"],
-    "images bake": ["--help", "--output", "-h"],
+    "images bake": ["--external-tag", "--help", "--image", "--matrix", "--output", "--show", "-h", "-o"],
 }
 
 

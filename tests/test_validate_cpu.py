@@ -96,7 +96,7 @@ def test_pins_compared_with_an_expect_file(tmp_path):
     proc, report = validate(tmp_path, "--expect-file", str(tmp_path / "wrong.json"), "-k", "pins", "--nproc", "1")
     assert proc.returncode == EXIT_FAILED
     message = checks(report, "failed")["pins::versions_match_the_promise"]["message"]
-    assert f"nccl: expected 2.0.1" in message and f"found {right['nccl']} loaded from" in message
+    assert "nccl: expected 2.0.1" in message and f"found {right['nccl']} loaded from" in message
 
 
 def test_bad_flags_exit_2_before_anything_runs(tmp_path):

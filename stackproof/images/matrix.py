@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from stackproof.errors import ConfigError
 

@@ -80,7 +80,8 @@ def _wheel_file(package: str, version: str, python: str) -> dict:
     """The simple-API entry of the Linux x86_64 wheel of package==version for CPython `python`."""
     index = json.loads(_get(f"{SIMPLE_INDEX}/{package}/", {"Accept": "application/vnd.pypi.simple.v1+json"}))
     tag = "cp" + python.replace(".", "")
-    pattern = re.compile(rf"^{re.escape(package)}-{re.escape(version)}-(?:{tag}-{tag}|py3-none)-manylinux.*x86_64\.whl$")
+    name = f"{re.escape(package)}-{re.escape(version)}"
+    pattern = re.compile(rf"^{name}-(?:{tag}-{tag}|py3-none)-manylinux.*x86_64\.whl$")
     for entry in index["files"]:
         if pattern.match(entry["filename"]) and not entry.get("yanked"):
             return entry

@@ -13,35 +13,10 @@ from pathlib import Path
 from stackproof.suite import worker
 from stackproof.suite.config import CONFIG_ENV, ValidateConfig
 from stackproof.suite.dist import launched_by_a_launcher
-from stackproof.suite.report import EXIT_CODES, EXIT_INCOMPLETE, EXIT_NO_GPU, EXIT_OK, Report
+from stackproof.suite.report import EXIT_CODES, EXIT_INCOMPLETE, EXIT_OK
+from stackproof.suite.visibility import no_gpu_verdict
 
-NO_GPU_VALUES = ("", "void", "none")
 KILL_GRACE_S = 10
-
-
-def expected_gpus(flag: int | None, env: dict[str, str] | os._Environ) -> tuple[int, str]:
-    """(how many GPUs must be visible, why). 0 means the run may use the CPU.
-
-    --expect-gpus wins; otherwise a container started for GPUs (NVIDIA_VISIBLE_DEVICES set to devices, as
-    stackproof's images and NVIDIA's container toolkit do) expects at least one."""
-    if flag is not None:
-        return flag, f"--expect-gpus {flag}"
-    requested = env.get("NVIDIA_VISIBLE_DEVICES")
-    if requested is None or requested.strip().lower() in NO_GPU_VALUES:
-        return 0, "no GPU requested (NVIDIA_VISIBLE_DEVICES unset or void)"
-    return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
-
-
-def _no_gpu(settings: ValidateConfig, expected: int, why: str, visible: int) -> int:
-    message = (f"no GPU visible, but GPUs were expected ({why}): expected >= {expected}, found {visible}; "
-               "fix: give the container GPUs (docker run --gpus all, or GPU_FLAGS= for make test-gpu), "
-               "or validate on CPU on purpose with --expect-gpus 0 (or -e NVIDIA_VISIBLE_DEVICES=void)")
-    report = Report(verdict_override=(EXIT_NO_GPU, message))
-    report.context.update(expected_gpus=expected, visible_gpus=visible, reason=why)
-    path = report.write(settings.reports_dir)
-    print(f"# stackproof validate: {message}\n# report: {path}\n"
-          f"# Verdict: FAILED (exit code {EXIT_NO_GPU}: {EXIT_CODES[EXIT_NO_GPU]})", flush=True)
-    return EXIT_NO_GPU
 
 
 def _torchrun(settings: ValidateConfig, nproc: int, on_cpu: bool) -> int:
@@ -86,9 +61,9 @@ def validate(settings: ValidateConfig) -> int:
     import torch  # after the flag checks: importing torch takes seconds
 
     visible = torch.cuda.device_count()
-    expected, why = expected_gpus(settings.expect_gpus, os.environ)
-    if expected and not visible:
-        return _no_gpu(settings, expected, why, visible)
+    no_gpu = no_gpu_verdict(settings, visible)
+    if no_gpu is not None:
+        return no_gpu
     report_path = Path(settings.reports) / "report.json"
     report_path.unlink(missing_ok=True)
     # One rank per visible GPU; a shortfall against --expect-gpus is the visibility check's to report.

@@ -162,6 +162,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     report.context.setdefault("world_size", env.world_size if env else 1)
     if env and env.is_main:
         report.write(config.stash[SETTINGS_KEY].reports_dir)
+    if env and env.world_size > 1 and not report.verdict_override:
+        # Nobody exits before rank 0 has written the verdict: under a bare torchrun a rank's non-zero exit
+        # makes torchrun stop the others.
+        env.barrier("writing the report")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from stackproof.suite.config import CONFIG_ENV, ValidateConfig
 from stackproof.suite.dist import adopt_slurm_env
+from stackproof.suite.visibility import no_gpu_verdict
 
 LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
 SMOKE_TESTS = Path(__file__).resolve().parents[2] / "smoke_tests"
@@ -45,6 +46,12 @@ def run(settings: ValidateConfig) -> int:
     os.environ[CONFIG_ENV] = settings.to_env()
     rank = int(os.environ.get("RANK", "0"))
     reports = settings.reports_dir
+    if not os.environ.get(LAUNCHED_ENV):  # the launcher has decided this already
+        import torch
+
+        no_gpu = no_gpu_verdict(settings, torch.cuda.device_count(), write_report=rank == 0)
+        if no_gpu is not None:
+            return no_gpu
     _nccl_debug_to_file(reports)
     args = [str(SMOKE_TESTS), "-p", "no:cacheprovider", "-q",
             "--rootdir", str(SMOKE_TESTS), *settings.pytest_args]
