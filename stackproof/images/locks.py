@@ -103,6 +103,13 @@ def stack_versions(pins: dict[str, str]) -> dict[str, tuple[str, str]]:
     return found
 
 
+def _stack_disagreements(image: Image, pins: dict[str, str]) -> list[tuple[str, str, str, str]]:
+    """(component, matrix version, package, found version) for each of cuda/cudnn/nccl that `pins` contradicts."""
+    stack = stack_versions(pins)
+    found = {c: stack.get(c, (f"no {c} package", "none")) for c in _COMPONENT_PACKAGES}
+    return [(c, getattr(image, c), *found[c]) for c in _COMPONENT_PACKAGES if found[c][1] != getattr(image, c)]
+
+
 def _torch_metadata_pins(image: Image) -> tuple[dict[str, str], Requirement | None]:
     """(exact pins torch's wheel requires, torchvision's requirement on torch)."""
     torch_reqs = wheel_meta.requirements(wheel_meta.wheel_metadata("torch", image.torch, image.python))
@@ -127,24 +134,16 @@ def check_image(image: Image, with_metadata: bool = True,
         if lock.get(field) != getattr(image, field):
             problems.append(f"{where}: {field}: {MATRIX_PATH.name} says {getattr(image, field)}, {lock_name} has "
                             f"{lock.get(field, 'none')}; fix: make lock")
-    lock_stack = stack_versions(lock)
-    for component in _COMPONENT_PACKAGES:
-        expected = getattr(image, component)
-        package, found = lock_stack.get(component, (f"no {component} package", "none"))
-        if found != expected:
-            problems.append(f"{where}: {component}: {MATRIX_PATH.name} says {expected}, {lock_name} has "
-                            f"{package}=={found}; fix: make lock, or correct {component} in {MATRIX_PATH.name}")
+    for component, expected, package, found in _stack_disagreements(image, lock):
+        problems.append(f"{where}: {component}: {MATRIX_PATH.name} says {expected}, {lock_name} has "
+                        f"{package}=={found}; fix: make lock, or correct {component} in {MATRIX_PATH.name}")
     if not with_metadata:
         return problems
     torch_pins, vision_on_torch = (metadata_source or _torch_metadata_pins)(image)
-    meta_stack = stack_versions(torch_pins)
-    for component in _COMPONENT_PACKAGES:
-        expected = getattr(image, component)
-        package, found = meta_stack.get(component, (f"no {component} package", "none"))
-        if found != expected:
-            problems.append(f"{where}: {component}: {MATRIX_PATH.name} says {expected}, torch {image.torch}'s wheel "
-                            f"metadata requires {package}=={found}; fix: set {component} = \"{found}\" in "
-                            f"{MATRIX_PATH.name} (or pick the torch built for {expected}), then make lock")
+    for component, expected, package, found in _stack_disagreements(image, torch_pins):
+        problems.append(f"{where}: {component}: {MATRIX_PATH.name} says {expected}, torch {image.torch}'s wheel "
+                        f"metadata requires {package}=={found}; fix: set {component} = \"{found}\" in "
+                        f"{MATRIX_PATH.name} (or pick the torch built for {expected}), then make lock")
     if vision_on_torch is not None and not SpecifierSet(str(vision_on_torch.specifier)).contains(image.torch):
         problems.append(f"{where}: torchvision: torchvision {image.torchvision} requires {vision_on_torch}, "
                         f"{MATRIX_PATH.name} says torch {image.torch}; fix: pick the torchvision released with it")
