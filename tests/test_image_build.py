@@ -182,6 +182,18 @@ def test_build_validation_on_another_base(built):
 
 
 @pytest.mark.docker
+def test_test_gpu_mounts_reports_and_keeps_the_exit_code(built, tmp_path):
+    """make test-gpu's plumbing, without a GPU: GPU_FLAGS is empty and the command is a stand-in."""
+    reports = tmp_path / "reports"
+    script = 'echo made-in-container > /reports/probe.txt; exit 7'
+    proc = make("test-gpu", "GPU_FLAGS=", "RUN_FLAGS=--ipc=host", f"REPORTS={reports}", f"ARGS=sh -c '{script}'")
+    assert proc.returncode != 0
+    assert (reports / "exit-code").read_text().strip() == "7"
+    assert (reports / "probe.txt").read_text() == "made-in-container\n"
+    assert f"{VALIDATION_TAG} exited with 7" in proc.stdout
+
+
+@pytest.mark.docker
 def test_a_base_without_the_python_fails_naming_base_and_python(built):
     target = f"{IMAGE.name}_base"
     proc = subprocess.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "build/images.bake.json",
