@@ -78,7 +78,7 @@ wheelhouse: check ## download the wheels of IMAGE (or the default) to wheelhouse
 
 lint: ## ruff + hadolint (+ shellcheck when installed)
 	$(PYTHON) -m ruff check .
-	$(HADOLINT) docker/*/Dockerfile
+	$(HADOLINT) docker/*/Dockerfile scripts/ci/*/Dockerfile
 	if command -v shellcheck >/dev/null; then shellcheck scripts/ci/*.sh docker/validation/entrypoint.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
