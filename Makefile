@@ -27,7 +27,8 @@ WHEEL_PLATFORMS ?= $(foreach v,28 27 26 25 24 23 22 21 20 19 18 17,manylinux_2_$
 OFFLINE ?=
 
 BAKE_FILE := build/images.bake.json
-BAKE := $(DOCKER) buildx bake -f docker-bake.hcl -f $(BAKE_FILE)
+# --load: the images land in the local engine whichever buildx builder is selected (docker-container too).
+BAKE := $(DOCKER) buildx bake --load -f docker-bake.hcl -f $(BAKE_FILE)
 IMAGE_OPT := $(if $(IMAGE),--image $(IMAGE))
 # Read by docker-bake.hcl. A proxy's CA bundle goes in as the pip_ca secret when the file exists.
 export PIP_CA ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
@@ -102,7 +103,7 @@ build-validation: ## only the validation layer, on top of BASE=<image> (tag stac
 	tag=$$($(PYTHON) -m stackproof.images.bake --external-tag "$(BASE)"); \
 	user=$$($(DOCKER) image inspect --format '{{.Config.User}}' "$(BASE)" 2>/dev/null || true); \
 	VALIDATION_BASE="$(BASE)" VALIDATION_TAG="$$tag" VALIDATION_RUN_USER="$${user:-0:0}" \
-	    $(DOCKER) buildx bake -f docker-bake.hcl validation_external; \
+	    $(DOCKER) buildx bake --load -f docker-bake.hcl validation_external; \
 	echo "built $$tag (on $(BASE), runs as $${user:-0:0})"
 
 clean: ## remove build/ (the rendered bake file); images and wheelhouse/ stay
