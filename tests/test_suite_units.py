@@ -137,3 +137,23 @@ def test_settings_travel_to_the_ranks_unchanged(monkeypatch):
     settings = ValidateConfig(expect_gpus=8, min_busbw_gbps=300.0, pytest_args=("-k", "ddp"))
     monkeypatch.setenv("STACKPROOF_CONFIG", settings.to_env())
     assert ValidateConfig.from_env() == settings
+
+
+def test_pins_read_an_images_env_only_inside_a_validation_layer():
+    from stackproof.suite import pins
+
+    env = {"PYTORCH_VERSION": "2.11.0", "NV_LIBNCCL_PACKAGE_VERSION": "2.28.9-1+cuda13.0"}
+    assert pins.expected(None, None, env).versions == {}  # a host's CUDNN_VERSION may name a lib torch never loads
+    declared = pins.expected(None, None, {**env, pins.DECLARED_SWITCH: "1"})
+    assert declared.versions == {"torch": "2.11.0", "nccl": "2.28.9"}
+    assert declared.undeclared == ["python", "torchvision", "cuda", "cudnn"]
+    assert "torch=2.11.0" in declared.source
+
+
+@pytest.mark.parametrize(("component", "expected", "found", "same"), [
+    ("torch", "2.14.1", "2.14.1+cu130", True), ("cuda", "13.0", "13.0", True), ("cudnn", "9.24.0.43", "9.24.0", True),
+    ("nccl", "2.30.7", "2.28.9", False), ("python", "3.13", "3.13", True), ("torch", "2.14.1", None, False)])
+def test_runtime_versions_compare_as_far_as_the_runtime_can_tell(component, expected, found, same):
+    from stackproof.suite import pins
+
+    assert pins.same_version(component, expected, found) is same

@@ -19,12 +19,12 @@ from stackproof.suite.visibility import no_gpu_verdict
 KILL_GRACE_S = 10
 
 
-def _torchrun(settings: ValidateConfig, nproc: int, on_cpu: bool) -> int:
+def _torchrun(settings: ValidateConfig, nproc: int) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--max-restarts=0", "--monitor-interval=1", "-m", "stackproof.suite.worker"]
     env = {**os.environ, CONFIG_ENV: settings.to_env(), worker.LAUNCHED_ENV: "1"}
-    if on_cpu:  # torchrun would pin every rank to one thread; share the cores instead
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def stop(signum: int, _frame: object) -> None:
@@ -67,7 +67,7 @@ def validate(settings: ValidateConfig) -> int:
     report_path = Path(settings.reports) / "report.json"
     report_path.unlink(missing_ok=True)
     # One rank per visible GPU; a shortfall against --expect-gpus is the visibility check's to report.
-    rc = _torchrun(settings, visible or settings.cpu_procs, on_cpu=not visible)
+    rc = _torchrun(settings, visible or settings.cpu_procs)
     try:
         written = json.loads(report_path.read_text())["exit_code"]
     except (OSError, ValueError, KeyError):
