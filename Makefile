@@ -8,6 +8,8 @@ SHELL := /bin/bash
 # The project's venv when there is one.
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 DOCKER ?= docker
+# Bootstraps .venv (make dev): any python3 >= 3.11 (the matrix is TOML, read with tomllib).
+HOST_PYTHON ?= python3
 HADOLINT ?= $(if $(wildcard .venv/bin/hadolint),.venv/bin/hadolint,hadolint)
 # A matrix image name; empty means the matrix default.
 IMAGE ?=
@@ -40,11 +42,16 @@ show = $$($(PYTHON) -m stackproof.images.bake --show $(1) $(IMAGE_OPT))
 
 # Steps run in the order written: check must fail before any docker work starts.
 .NOTPARALLEL:
-.PHONY: help build build-all build-validation print bake-file lock check wheelhouse lint test validate test-gpu clean
+.PHONY: dev help build build-all build-validation print bake-file lock check wheelhouse lint test validate test-gpu clean
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 	@echo "  variables: IMAGE=<name> BASE=<image> GPU_FLAGS='$(GPU_FLAGS)' ARGS='...' PYTHON=$(PYTHON) PIP_CA=$(PIP_CA)"
+
+dev: ## .venv with stackproof (editable, dev tools) and the default image's torch + torchvision
+	$(HOST_PYTHON) -m venv .venv
+	.venv/bin/python -m pip install -q $$($(HOST_PYTHON) -m stackproof.images.bake --show requirements $(IMAGE_OPT)) \
+	    -e '.[dev]'
 
 build: check bake-file ## build the default image (or IMAGE=<name>) and its validation layer
 	targets=$(call show,targets); $(BAKE) $$targets
@@ -80,7 +87,7 @@ wheelhouse: check ## download the wheels of IMAGE (or the default) to wheelhouse
 lint: ## ruff + hadolint (+ shellcheck when installed)
 	$(PYTHON) -m ruff check .
 	$(HADOLINT) docker/*/Dockerfile scripts/ci/*/Dockerfile
-	if command -v shellcheck >/dev/null; then shellcheck scripts/ci/*.sh docker/validation/entrypoint.sh; \
+	if command -v shellcheck >/dev/null; then shellcheck .ci/run scripts/*/*.sh scripts/slurm/validate.sbatch docker/validation/entrypoint.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 test: ## the test suite (python -m pytest)

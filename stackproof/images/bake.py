@@ -137,6 +137,8 @@ SHOW = {
     "tag": lambda image: image.tag,
     "validation-tag": validation_tag,
     "python": lambda image: image.python,
+    # What `make dev` installs on a host to validate outside a container: the image's torch stack.
+    "requirements": lambda image: f"torch=={image.torch} torchvision=={image.torchvision}",
 }
 
 
