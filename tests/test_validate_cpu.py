@@ -3,8 +3,11 @@ purpose, to prove the verdict turns red (and names the rank) when it should."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +106,33 @@ def test_bad_flags_exit_2_before_anything_runs(tmp_path):
     proc, report = validate(tmp_path, "--timeout", "900", "--run-timeout", "60")
     assert proc.returncode == 2 and report is None
     assert "timeout_s must not exceed run_timeout_s" in proc.stderr and "run_timeout_s=60" in proc.stderr
+
+
+def _processes_with(marker: str) -> list[int]:
+    """PIDs whose environment mentions `marker` (each run's reports path is unique)."""
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                pids.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "docker-stop"])
+def test_a_signal_stops_every_rank(tmp_path, signum):
+    reports = tmp_path / "reports"
+    env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+    launcher = subprocess.Popen([sys.executable, "-m", "stackproof", "validate", "--reports", str(reports),
+                                 "--inject-fault", "hang", "-k", "barrier"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (reports / "logs" / "rank1.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # both ranks are inside the barrier test now: rank 1 sleeps, rank 0 waits for it
+    assert len(_processes_with(str(reports))) >= 3, "launcher, torchrun and the ranks should be running"
+    launcher.send_signal(signum)
+    assert launcher.wait(timeout=60) == EXIT_INCOMPLETE
+    time.sleep(1)
+    assert _processes_with(str(reports)) == [], "ranks outlived the launcher"
