@@ -87,7 +87,7 @@ wheelhouse: check ## download the wheels of IMAGE (or the default) to wheelhouse
 lint: ## ruff + hadolint (+ shellcheck when installed)
 	$(PYTHON) -m ruff check .
 	$(HADOLINT) docker/*/Dockerfile scripts/ci/*/Dockerfile
-	if command -v shellcheck >/dev/null; then shellcheck .ci/run scripts/*/*.sh scripts/slurm/validate.sbatch docker/validation/entrypoint.sh; \
+	if command -v shellcheck >/dev/null; then shellcheck .ci/run scripts/*/*.sh scripts/slurm/validate.sbatch docker/*.sh docker/*/*.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 test: ## the test suite (python -m pytest)
