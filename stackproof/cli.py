@@ -44,7 +44,7 @@ def _validate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--busbw-fraction", type=float, default=0.5, metavar="F",
                    help="fraction of the topology's peak link bandwidth required when deriving (default 0.5)")
     p.add_argument("--max-check-bytes", type=parse_bytes, metavar="SIZE",
-                   help="largest all_reduce correctness buffer (default 256M on GPU, 4M on CPU)")
+                   help="largest all_reduce correctness buffer (default 256M on GPU, 1M on CPU)")
     p.add_argument("--sweep-min", type=parse_bytes, metavar="SIZE", help="bandwidth sweep start (default 1M on GPU)")
     p.add_argument("--sweep-max", type=parse_bytes, metavar="SIZE", help="bandwidth sweep end (default 4G on GPU)")
     p.add_argument("--iters", type=int, default=20, help="timed iterations per sweep size (default 20)")

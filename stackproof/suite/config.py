@@ -15,7 +15,6 @@ from stackproof.errors import ConfigError
 
 CONFIG_ENV = "STACKPROOF_CONFIG"
 FAULTS = ("allreduce-add-one", "perturb-grad", "hang")
-MiB = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +28,7 @@ class ValidateConfig:
     timeout_s: float = 300.0
     # Seconds the whole run may take.
     run_timeout_s: float = 1800.0
-    # Largest all_reduce correctness buffer; None: 256 MiB on GPU, 4 MiB on CPU.
+    # Largest all_reduce correctness buffer; None: 256 MiB on GPU, 1 MiB on CPU.
     max_check_bytes: int | None = None
     # Bandwidth sweep; None: 1 MiB..4 GiB on GPU, 64 KiB..4 MiB on CPU.
     sweep_min_bytes: int | None = None
