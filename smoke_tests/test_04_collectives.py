@@ -44,7 +44,7 @@ def _sync(dist_env) -> None:
 
 
 def test_barrier(dist_env, settings, report):
-    faults.hang_if_asked(settings, dist_env.rank)
+    faults.stop_if_asked(settings, dist_env.rank)
     start = time.perf_counter()
     dist.barrier(device_ids=[dist_env.device.index] if dist_env.is_gpu else None)
     report.figure("barrier", round((time.perf_counter() - start) * 1e3, 3), "ms")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from stackproof import __version__
 from stackproof.errors import ConfigError, StackproofError
 from stackproof.images import bake
+from stackproof.suite.config import FAULTS
 
 _SIZE = re.compile(r"^(\d+)([KMG]i?B?|B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -59,7 +60,7 @@ def _validate_parser(sub: argparse._SubParsersAction) -> None:
                              "/etc/stackproof/expected.json)")
     p.add_argument("--reports", default=None, metavar="DIR",
                    help="where report.json, junit.xml and rank logs go (default $STACKPROOF_REPORTS or ./reports)")
-    p.add_argument("--inject-fault", choices=("allreduce-add-one", "perturb-grad", "hang"),
+    p.add_argument("--inject-fault", choices=FAULTS,
                    help="break something on purpose on --fault-rank to prove the suite fails when it should")
     p.add_argument("--fault-rank", type=int, default=1, metavar="R", help="rank that --inject-fault breaks (default 1)")
     p.add_argument("-k", dest="select", metavar="EXPR", help="run only checks matching this pytest -k expression")

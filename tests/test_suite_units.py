@@ -157,3 +157,47 @@ def test_runtime_versions_compare_as_far_as_the_runtime_can_tell(component, expe
     from stackproof.suite import pins
 
     assert pins.same_version(component, expected, found) is same
+
+
+def test_watchdog_tells_a_rank_waiting_in_a_collective_from_one_stalled_elsewhere():
+    import threading
+
+    from stackproof.suite import watchdog
+
+    # The main thread blocks in join() here, outside torch.distributed and outside the suite's own code.
+    seen = {}
+    thread = threading.Thread(target=lambda: seen.update(position=watchdog.main_thread_position()))
+    thread.start()
+    thread.join()
+    assert seen["position"] == (False, "unknown")
+
+    # Inside stackproof's cross-rank sync (a store wait) it counts as waiting, located in dist.py.
+    from stackproof.suite import dist
+
+    class SlowStore:
+        def set(self, key, value):
+            pass
+
+        def wait(self, keys, timeout):
+            other = threading.Thread(target=lambda: seen.update(position=watchdog.main_thread_position()))
+            other.start()
+            other.join()
+
+        def get(self, key):
+            return b"null"
+
+    env = dist.DistEnv(0, 1, 0, 1, "gloo", torch.device("cpu"), 5.0, SlowStore())
+    env.exchange(None, "a test")
+    waiting, where = seen["position"]
+    assert waiting and where.startswith("dist.py:") and where.endswith("in exchange")
+
+
+def test_watchdog_message_names_stalled_silent_and_waiting_ranks():
+    from stackproof.suite.watchdog import stall_message
+
+    answers = {0: {"waiting": True, "where": "test_04_collectives.py:48 in test_barrier"},
+               1: {"waiting": False, "where": "faults.py:19 in stop_if_asked"}}
+    message = stall_message("test_04_collectives.py::test_barrier", 310, 3, answers)
+    assert message.startswith("test_04_collectives.py::test_barrier did not finish within 310 s: ")
+    assert "rank(s) [1] stalled outside any collective (rank 1 at faults.py:19 in stop_if_asked)" in message
+    assert "rank(s) [2] did not answer" in message and "rank(s) [0] were waiting" in message

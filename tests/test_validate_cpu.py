@@ -71,7 +71,7 @@ def test_a_hung_rank_ends_the_run_naming_it(tmp_path):
     proc, report = validate(tmp_path, "--inject-fault", "hang", "--timeout", "5", "-k", "barrier")
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
     assert report["exit_code"] == EXIT_INCOMPLETE
-    assert "rank(s) [1] did not finish" in report["exit_meaning"]
+    assert "rank(s) [1]" in report["exit_meaning"]
 
 
 def test_expected_gpus_but_none_visible_exits_3(tmp_path):
@@ -136,3 +136,23 @@ def test_a_signal_stops_every_rank(tmp_path, signum):
     assert launcher.wait(timeout=60) == EXIT_INCOMPLETE
     time.sleep(1)
     assert _processes_with(str(reports)) == [], "ranks outlived the launcher"
+
+
+def test_a_dead_rank_ends_the_run_naming_it(tmp_path):
+    proc, report = validate(tmp_path, "--inject-fault", "crash", "--timeout", "20", "-k", "barrier")
+    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
+    # torchrun's summary names the rank that died; stackproof's last lines point at it.
+    assert "rank      : 1 (local_rank: 1)" in proc.stderr and "exitcode  : 13" in proc.stderr
+    assert "a rank died or was stopped; torchrun's summary above names it" in proc.stdout
+
+
+def test_the_watchdog_locates_a_rank_stalled_outside_any_collective(tmp_path):
+    """Rank 0 itself stalls: nobody can time out waiting for it in a sync it hosts, so the per-check watchdog
+    (--timeout + 10 s) must answer, as it does on GPUs where a NCCL wait may never return to Python."""
+    proc, report = validate(tmp_path, "--inject-fault", "hang", "--fault-rank", "0", "--timeout", "20",
+                            "-k", "barrier")
+    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
+    meaning = report["exit_meaning"]
+    assert "did not finish within 30 s: rank(s) [0] stalled outside any collective (rank 0 at faults.py:" in meaning
+    assert "rank(s) [1] were waiting for them in a collective" in meaning
+    assert "# Verdict: FAILED (exit code 4" in proc.stdout

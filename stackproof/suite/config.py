@@ -14,7 +14,7 @@ from pathlib import Path
 from stackproof.errors import ConfigError
 
 CONFIG_ENV = "STACKPROOF_CONFIG"
-FAULTS = ("allreduce-add-one", "perturb-grad", "hang")
+FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash")
 
 
 @dataclasses.dataclass(frozen=True)

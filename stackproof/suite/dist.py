@@ -62,6 +62,9 @@ class DistEnv:
     device: torch.device
     timeout_s: float
     store: dist.Store
+    # A second connection to the same store, for the watchdog thread: a client connection is busy while the
+    # main thread waits on it.
+    side_store: dist.Store | None = None
     _sync_seq: int = 0
 
     @property
@@ -113,8 +116,10 @@ def init(timeout_s: float) -> DistEnv:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world_size,
                             timeout=timeout, device_id=device if backend == "nccl" else None)
+    side = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timeout)
     return DistEnv(rank, world_size, local_rank, local_world_size, backend, device, timeout_s,
-                   dist.PrefixStore("stackproof", store))
+                   dist.PrefixStore("stackproof", store), dist.PrefixStore("stackproof", side))
 
 
 def shutdown() -> None:

@@ -23,6 +23,9 @@ def _torchrun(settings: ValidateConfig, nproc: int) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--max-restarts=0", "--monitor-interval=1", "-m", "stackproof.suite.worker"]
     env = {**os.environ, CONFIG_ENV: settings.to_env(), worker.LAUNCHED_ENV: "1"}
+    # On a NCCL timeout, abort the communicator and raise in the waiting rank instead of killing the process:
+    # the rank then reports, and the cross-rank sync names the rank that never arrived.
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)

@@ -15,11 +15,15 @@ import pytest
 from stackproof.suite import dist as sp_dist
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.report import EXIT_INCOMPLETE, Check, Figure, Report
+from stackproof.suite.watchdog import CheckWatchdog
 
 DIST_KEY = pytest.StashKey[sp_dist.DistEnv]()
 REPORT_KEY = pytest.StashKey[Report]()
 SETTINGS_KEY = pytest.StashKey[ValidateConfig]()
-CHECK_KEY = pytest.StashKey[Check]()
+WATCHDOG_KEY = pytest.StashKey[CheckWatchdog]()
+# A check may run this much longer than --timeout before the watchdog names the rank holding it up: the
+# collective's own timeout and the cross-rank sync get the first chance to say it.
+WATCHDOG_GRACE_S = 10.0
 
 
 class Recorder:
@@ -58,7 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = ValidateConfig.from_env()
     config.stash[SETTINGS_KEY] = settings
     config.stash[REPORT_KEY] = Report()
-    config.stash[DIST_KEY] = sp_dist.init(settings.timeout_s)
+    config.stash[DIST_KEY] = env = sp_dist.init(settings.timeout_s)
+    config.stash[WATCHDOG_KEY] = CheckWatchdog(env, settings.timeout_s + WATCHDOG_GRACE_S,
+                                               lambda nodeid, message: _stalled(config, nodeid, message))
     config.addinivalue_line("markers", "gpu: needs at least one CUDA GPU (skipped on CPU with the reason)")
     config.addinivalue_line("markers", "multi_rank: needs a world of two or more ranks")
 
@@ -97,6 +103,31 @@ def _message(rep: pytest.TestReport) -> str:
     text = crash.message if crash is not None else (rep.longreprtext or "")
     # Keep the assertion's own message, not pytest's re-rendering of the asserted expression.
     return text.split("\nassert ")[0].removeprefix("AssertionError: ").strip()[:2000]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    watchdog = item.config.stash[WATCHDOG_KEY]
+    watchdog.arm(item.nodeid)
+    try:
+        return (yield)
+    finally:
+        watchdog.disarm()
+
+
+def _stalled(config: pytest.Config, nodeid: str, message: str) -> None:
+    """Rank 0's watchdog fired: the main thread is stuck, so write the verdict from here and end the rank."""
+    report = config.stash[REPORT_KEY]
+    check = report.check(nodeid)
+    check.outcome, check.message = "failed", message
+    report.verdict_override = (EXIT_INCOMPLETE, message)
+    report.context.setdefault("world_size", config.stash[DIST_KEY].world_size)
+    path = report.write(config.stash[SETTINGS_KEY].reports_dir)
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=False)  # fd 1 points at pytest's capture file until now
+    print(f"\n{report.table()}\n# report: {path}", file=sys.__stdout__, flush=True)
+    os._exit(EXIT_INCOMPLETE)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -155,14 +186,14 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     terminalreporter.write_line(config.stash[REPORT_KEY].table())
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     env = config.stash.get(DIST_KEY, None)
     report = config.stash[REPORT_KEY]
     report.context.setdefault("world_size", env.world_size if env else 1)
     if env and env.is_main:
         report.write(config.stash[SETTINGS_KEY].reports_dir)
-    if env and env.world_size > 1 and not report.verdict_override:
+    if env and env.world_size > 1 and not report.verdict_override and exitstatus != pytest.ExitCode.INTERRUPTED:
         # Nobody exits before rank 0 has written the verdict: under a bare torchrun a rank's non-zero exit
         # makes torchrun stop the others.
         env.barrier("writing the report")
