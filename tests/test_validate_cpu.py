@@ -139,7 +139,7 @@ def test_a_signal_stops_every_rank(tmp_path, signum):
 
 
 def test_a_dead_rank_ends_the_run_naming_it(tmp_path):
-    proc, report = validate(tmp_path, "--inject-fault", "crash", "--timeout", "20", "-k", "barrier")
+    proc, _ = validate(tmp_path, "--inject-fault", "crash", "--timeout", "20", "-k", "barrier")
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
     # torchrun's summary names the rank that died; stackproof's last lines point at it.
     assert "rank      : 1 (local_rank: 1)" in proc.stderr and "exitcode  : 13" in proc.stderr
