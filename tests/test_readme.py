@@ -1,5 +1,8 @@
 """The README's matrix table mirrors images/matrix.toml: a version changed in one place only fails here."""
 
+import re
+
+from stackproof.images import bake
 from stackproof.images.matrix import REPO_ROOT, load_matrix
 
 
@@ -15,3 +18,11 @@ def test_readme_matrix_table_equals_the_matrix():
     readme = (REPO_ROOT / "README.md").read_text()
     table = [line for line in readme.splitlines() if line.startswith("| ") and line.count("|") == 10][1:]
     assert table == list(matrix_rows()), "update the README's matrix table from images/matrix.toml"
+
+
+def test_readme_quickstart_names_the_default_validation_image():
+    readme = (REPO_ROOT / "README.md").read_text()
+    image = load_matrix().default_image
+    versioned = set(re.findall(r"stackproof/(?:validation|pytorch):\d[\w.-]*", readme))
+    assert bake.validation_tag(image) in versioned
+    assert versioned <= {bake.validation_tag(image), image.tag}, "a tag in the README is not the matrix default's"
