@@ -23,8 +23,8 @@ def _torchrun(settings: ValidateConfig, nproc: int) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--max-restarts=0", "--monitor-interval=1", "-m", "stackproof.suite.worker"]
     env = {**os.environ, CONFIG_ENV: settings.to_env(), worker.LAUNCHED_ENV: "1"}
-    # On a NCCL timeout, abort the communicator and raise in the waiting rank instead of killing the process:
-    # the rank then reports, and the cross-rank sync names the rank that never arrived.
+    # On a NCCL timeout, abort the communicator but keep the process: PyTorch's default kills the waiting rank
+    # first, before stackproof's watchdog (watchdog.py) can say which rank stalled it (seen on H200s).
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
