@@ -8,7 +8,7 @@ import torch
 from stackproof.suite import topology
 from stackproof.suite.visibility import expected_gpus
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.fast]
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +31,12 @@ def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     report.figure("gpus", count)
     report.figure("names", ",".join(sorted({g.name for g in visible})))
     report.figure("driver", inventory.driver_version)
-    report.context("gpus", [{"index": g.index, "name": g.name, "uuid": g.uuid, "memory_bytes": g.memory_total_bytes,
-                             "nvlink_active": g.nvlink_active, "pcie": f"gen{g.pcie_gen} x{g.pcie_width}"}
-                            for g in visible])
     report.context("driver", {"version": inventory.driver_version, "cuda": inventory.cuda_driver_version})
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
     assert count == len(visible), (f"torch.cuda.device_count() = {count}, but NVML shows {len(visible)} GPU(s) "
                                    f"visible (CUDA_VISIBLE_DEVICES={cvd}, NVML total {len(inventory.gpus)})")
-    if settings.expect_gpus is not None:
-        assert count == want, f"expected {want} GPU(s) ({why}), found {count}: {[g.name for g in visible]}"
+    assert count >= want, f"expected >= {want} GPU(s) ({why}), found {count}: {[g.name for g in visible]}"
 
 
 def test_driver_supports_the_image_cuda(inventory, report):

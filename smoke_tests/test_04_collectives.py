@@ -28,7 +28,7 @@ OTHER_DTYPES = ["float32", "bfloat16", "int64"]
 
 
 def _max_bytes(settings, dist_env) -> int:
-    return settings.max_check_bytes or (256 * MiB if dist_env.is_gpu else 1 * MiB)
+    return settings.max_check_bytes or (256 * MiB if dist_env.is_gpu else 16 * MiB)
 
 
 def _placed(values: torch.Tensor, offset: int) -> torch.Tensor:

@@ -3,6 +3,7 @@ AMP bf16 + channels_last on GPU; fp32 and small images on CPU so CI stays fast."
 
 import io
 import math
+import resource
 import tempfile
 from pathlib import Path
 
@@ -13,18 +14,19 @@ import torchvision
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from stackproof.suite import faults, training
+from stackproof.suite import consensus, faults, training
 
 WARMUP_STEPS_GPU = 5
 
 
 @pytest.fixture(scope="module")
 def run(dist_env, settings):
-    """Train a few steps on one fixed batch, then checkpoint and benchmark; every rank returns what it saw."""
+    """Train a few steps on one fixed batch, then checkpoint and benchmark. Rank 0 judges every rank's digests
+    and shard summaries in one O(world) agreement; each check then asserts on the ranks it names."""
     torch.manual_seed(0)
     rank, world, device = dist_env.rank, dist_env.world_size, dist_env.device
     shape = training.TrainShape.for_device(dist_env.is_gpu, settings.train_batch, settings.train_image_size)
-    dataset = training.synthetic_dataset(shape.batch * world * 2, shape.image_size)
+    dataset = training.SyntheticImages(shape.batch * world * 2, shape.image_size)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
     shards = []
     for epoch in (0, 1):
@@ -37,7 +39,8 @@ def run(dist_env, settings):
     model = torchvision.models.resnet50(num_classes=training.NUM_CLASSES).to(device, memory_format=memory_format)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if dist_env.is_gpu else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    images, labels = dataset[shards[0][: shape.batch]]
+    images, labels = dataset.batch(shards[0][: shape.batch])
+    input_bytes = images.nbytes + labels.nbytes
     images = images.to(device, memory_format=memory_format)
     labels = labels.to(device)
 
@@ -70,6 +73,7 @@ def run(dist_env, settings):
     reloaded.load_state_dict(torch.load(io.BytesIO(payload[0]), map_location="cpu", weights_only=True))
     checkpoint_digest = training.digest(reloaded.state_dict().values())
     live_digest = training.digest(model.state_dict().values())
+    del payload, reloaded
 
     def step():
         forward_backward()
@@ -80,60 +84,72 @@ def run(dist_env, settings):
     bench_steps = settings.bench_steps if dist_env.is_gpu else min(settings.bench_steps, 2)
     img_per_s = training.images_per_second(step, shape.batch, bench_steps, device)
 
-    mine = {"shards": shards, "losses": losses, "grads": grad_digests, "params": param_digests,
-            "checkpoint": checkpoint_digest, "live": live_digest, "img_per_s": img_per_s,
-            "named_params": training.per_tensor_digests(model.named_parameters())}
-    everyone = dist_env.exchange(mine, "the DDP ResNet-50 run")
-    return {"shape": shape, "size": len(dataset), "everyone": everyone, "mine": mine, "bench_steps": bench_steps}
+    size = len(dataset)
+    mine = {"shards": [training.shard_summary(shard, size) for shard in shards],
+            "reshuffled": shards[0] != shards[1], "grads": grad_digests, "params": param_digests[-1],
+            "checkpoint": checkpoint_digest, "img_per_s": img_per_s,
+            "live": live_digest if rank == 0 else None,
+            # Only rank 0's names travel: a differing rank finds its first odd tensor against them.
+            "named_params": training.per_tensor_digests(model.named_parameters()) if rank == 0 else None}
+
+    def judge(values):
+        return {"shards": [training.shards_problem([v["shards"][e] for v in values], size) for e in (0, 1)],
+                "reshuffled": any(v["reshuffled"] for v in values),
+                "grads": [[values[0]["grads"][step], consensus.odd_ones_out([v["grads"][step] for v in values])]
+                          for step in range(len(values[0]["grads"]))],
+                "params": consensus.odd_ones_out([v["params"] for v in values]),
+                "checkpoint": [r for r, v in enumerate(values) if v["checkpoint"] != values[0]["live"]],
+                "reference_params": values[0]["named_params"]
+                if consensus.odd_ones_out([v["params"] for v in values]) else None,
+                "img_per_s_total": sum(v["img_per_s"] for v in values)}
+
+    verdict = dist_env.agree(mine, "the DDP ResNet-50 run", judge)
+    return {"shape": shape, "size": size, "mine": mine, "verdict": verdict, "bench_steps": bench_steps,
+            "losses": losses, "input_bytes": input_bytes, "model": model,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
 def test_sampler_shards_are_disjoint_and_cover_the_dataset(run, report):
-    everyone, size = run["everyone"], run["size"]
-    for epoch in (0, 1):
-        shards = [set(r["shards"][epoch]) for r in everyone]
-        union = set().union(*shards)
-        assert sum(map(len, shards)) == len(union), f"epoch {epoch}: ranks' shards overlap"
-        assert union == set(range(size)), f"epoch {epoch}: shards miss {sorted(set(range(size)) - union)[:10]}"
-    assert any(r["shards"][0] != r["shards"][1] for r in everyone), "set_epoch did not reshuffle the shards"
-    report.figure("samples", size)
+    for epoch, problem in enumerate(run["verdict"]["shards"]):
+        assert not problem, f"epoch {epoch}: {problem}"
+    assert run["verdict"]["reshuffled"], "set_epoch did not reshuffle the shards"
+    report.figure("samples", run["size"])
 
 
 def test_loss_is_finite_and_decreasing(run, dist_env, report):
-    losses, shape = run["mine"]["losses"], run["shape"]
-    per_rank = [r["img_per_s"] for r in run["everyone"]]
-    report.figure("loss", f"{losses[0]:.3f}->{losses[-1]:.3f}")
-    report.figure("img_per_s_per_rank", round(sum(per_rank) / len(per_rank), 1), "img/s")
-    report.figure("img_per_s_total", round(sum(per_rank), 1), "img/s")
+    losses, shape = run["losses"], run["shape"]
+    report.figure("loss_first", round(losses[0], 4))
+    report.figure("loss_last", round(losses[-1], 4))
+    report.figure("img_per_s", round(run["mine"]["img_per_s"], 1), "img/s")
+    report.figure("img_per_s_total", round(run["verdict"]["img_per_s_total"], 1), "img/s")
+    # Per rank, so a fleet's report shows memory flat in the world size.
+    report.figure("input_bytes", run["input_bytes"], "B")
+    report.figure("peak_rss", round(run["peak_rss"] / (1 << 20)), "MiB")
     report.context("resnet50", {"batch_per_rank": shape.batch, "image_size": shape.image_size,
                                 "dtype": str(shape.dtype).removeprefix("torch."), "losses": losses,
-                                "bench_steps": run["bench_steps"], "img_per_s_per_rank": per_rank,
-                                "img_per_s_total": sum(per_rank),
-                                "channels_last": dist_env.is_gpu})
+                                "bench_steps": run["bench_steps"], "channels_last": dist_env.is_gpu})
     assert all(math.isfinite(x) for x in losses), f"loss not finite: {losses}"
     assert losses[-1] < losses[0], f"loss did not decrease on a fixed batch: {losses}"
 
 
-def test_gradients_are_identical_across_ranks(run, report):
-    everyone = run["everyone"]
-    for step, reference in enumerate(everyone[0]["grads"]):
-        differ = [rank for rank, r in enumerate(everyone) if r["grads"][step] != reference]
-        report.hint("DDP's gradient all_reduce gave ranks different answers: a broken NCCL/driver or GPU")
-        assert not differ, (f"after backward at step {step}: rank(s) {differ} hold different gradients "
-                            f"from rank 0 (digest {reference} vs {everyone[differ[0]]['grads'][step]})")
+def test_gradients_are_identical_across_ranks(run, dist_env, report):
+    report.hint("DDP's gradient all_reduce gave ranks different answers: a broken NCCL/driver or GPU")
+    for step, (reference, odd) in enumerate(run["verdict"]["grads"]):
+        mine = run["mine"]["grads"][step]
+        assert dist_env.rank not in odd, (f"after backward at step {step}: this rank's gradients differ from the "
+                                          f"other ranks' (digest {mine}, rank 0 has {reference})")
 
 
-def test_parameters_are_identical_after_the_step(run, report):
-    everyone = run["everyone"]
-    differ = [rank for rank, r in enumerate(everyone) if r["params"][-1] != everyone[0]["params"][-1]]
-    first = training.first_difference(everyone[differ[0]]["named_params"], everyone[0]["named_params"]) if differ \
-        else "none"
-    assert not differ, (f"after {len(everyone[0]['params'])} steps rank(s) {differ} hold different parameters "
-                        f"from rank 0, first in {first}")
+def test_parameters_are_identical_after_the_step(run, dist_env, report):
+    verdict = run["verdict"]
+    if dist_env.rank in verdict["params"]:
+        mine = training.per_tensor_digests(run["model"].named_parameters())
+        first = training.first_difference(mine, verdict["reference_params"])
+        raise AssertionError(f"after {len(run['mine']['grads'])} steps this rank's parameters differ from the "
+                             f"other ranks', first in {first}")
 
 
-def test_checkpoint_reloads_identically_on_every_rank(run, report):
-    everyone = run["everyone"]
-    saved = everyone[0]["live"]
-    differ = [rank for rank, r in enumerate(everyone) if r["checkpoint"] != saved]
-    report.figure("digest", saved)
-    assert not differ, f"rank(s) {differ} reloaded rank 0's checkpoint into different weights"
+def test_checkpoint_reloads_identically_on_every_rank(run, dist_env, report):
+    report.figure("digest", run["mine"]["checkpoint"])
+    assert dist_env.rank not in run["verdict"]["checkpoint"], \
+        "this rank reloaded rank 0's checkpoint into different weights"

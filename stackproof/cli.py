@@ -1,73 +1,59 @@
 """The command line: `stackproof validate` proves a machine + image; `stackproof images ...` keeps the matrix,
-locks and build plan consistent. Errors print one line (what was expected, what was found, the fix), no traceback."""
+locks and build plan consistent. Errors print one line (what was expected, what was found, the fix), no traceback.
+Exit codes: errors.Exit."""
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from stackproof import __version__
-from stackproof.errors import ConfigError, StackproofError
-from stackproof.images import bake
-from stackproof.suite.config import FAULTS
+from stackproof.errors import ConfigError, Exit, StackproofError
+from stackproof.suite.config import ValidateConfig
 
-_SIZE = re.compile(r"^(\d+)([KMG]i?B?|B)?$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
 
 
-def parse_bytes(text: str) -> int:
-    """'4G', '256MiB', '65536' -> bytes (binary units, as nccl-tests' -b/-e take them)."""
-    match = _SIZE.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a size such as 65536, 64K, 256M or 4G")
-    unit = (match.group(2) or "").lower()[:1]
-    return int(match.group(1)) * _UNITS[unit]
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag exits with stackproof's usage code and one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: {message} (see: {self.prog} --help)", file=sys.stderr)
+        sys.exit(Exit.USAGE)
 
 
 def _validate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="run the validation suite on every visible GPU (or 2 CPU ranks)",
-                       description="Run smoke_tests/ on every visible GPU (one rank each, NCCL) or on CPU ranks "
-                                   "(gloo). Under torchrun or srun, run as the rank given. Exit codes: 0 passed, "
-                                   "1 a check failed, 2 bad flags, 3 no GPU visible but expected, "
-                                   "4 a rank died or timed out.")
-    p.add_argument("--expect-gpus", type=int, metavar="N",
-                   help="GPUs that must be visible (default: >= 1 when NVIDIA_VISIBLE_DEVICES requests GPUs, "
-                        "else whatever is there; 0 validates on CPU)")
-    p.add_argument("--nproc", type=int, default=2, metavar="N", help="CPU ranks when no GPU is visible (default 2)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                   help="seconds any collective, rendezvous or cross-rank sync may take (default 300)")
-    p.add_argument("--run-timeout", type=float, default=1800.0, metavar="S",
-                   help="seconds the whole run may take (default 1800)")
-    p.add_argument("--min-busbw", type=float, metavar="GBPS",
-                   help="all_reduce busbw the largest size must reach (default: derived from NVLink/PCIe topology)")
-    p.add_argument("--busbw-fraction", type=float, default=0.5, metavar="F",
-                   help="fraction of the topology's peak link bandwidth required when deriving (default 0.5)")
-    p.add_argument("--max-check-bytes", type=parse_bytes, metavar="SIZE",
-                   help="largest all_reduce correctness buffer (default 256M on GPU, 1M on CPU)")
-    p.add_argument("--sweep-min", type=parse_bytes, metavar="SIZE", help="bandwidth sweep start (default 1M on GPU)")
-    p.add_argument("--sweep-max", type=parse_bytes, metavar="SIZE", help="bandwidth sweep end (default 4G on GPU)")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per sweep size (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="warm-up iterations per sweep size (default 5)")
-    p.add_argument("--train-batch", type=int, metavar="N", help="ResNet-50 batch per rank (default 256 GPU, 4 CPU)")
-    p.add_argument("--train-image-size", type=int, metavar="PX", help="ResNet-50 input size (default 224 GPU, 64 CPU)")
-    p.add_argument("--bench-steps", type=int, default=20, help="timed ResNet-50 steps for img/s (default 20)")
-    expect = p.add_mutually_exclusive_group()
-    expect.add_argument("--image", metavar="NAME", help="compare runtime pins with this images/matrix.toml entry")
-    expect.add_argument("--expect-file", metavar="PATH",
-                        help="compare runtime pins with this JSON (default in stackproof images: "
-                             "/etc/stackproof/expected.json)")
-    p.add_argument("--reports", default=None, metavar="DIR",
-                   help="where report.json, junit.xml and rank logs go (default $STACKPROOF_REPORTS or ./reports)")
-    p.add_argument("--inject-fault", choices=FAULTS,
-                   help="break something on purpose on --fault-rank to prove the suite fails when it should")
-    p.add_argument("--fault-rank", type=int, default=1, metavar="R", help="rank that --inject-fault breaks (default 1)")
-    p.add_argument("-k", dest="select", metavar="EXPR", help="run only checks matching this pytest -k expression")
-    p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="extra pytest arguments after --")
+                       description="Run the suite on every visible GPU (one rank each, NCCL) or on CPU ranks (gloo). "
+                                   "Under torchrun or srun, run as the rank given. " + EXIT_CODES_HELP + ".")
+    ValidateConfig.add_arguments(p)
+
+
+def _verdict_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verdict", help="settle and print a run's verdict (for launchers: scripts/torchrun, "
+                                       "scripts/slurm); exits with its code",
+                       description="Read <reports>/report.json, add what the launcher saw, print the table and "
+                                   "the verdict, and exit with its code. " + EXIT_CODES_HELP + ".")
+    p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
+    p.add_argument("--launcher-exit", type=int, metavar="RC", help="the exit code of torchrun / srun")
+    p.add_argument("--timed-out", type=float, metavar="S", help="the launcher stopped the run after S seconds")
+    p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
+
+
+def _local_ranks_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("local-ranks", help="how many ranks this node runs: one per visible GPU, or --nproc on CPU; "
+                                           "exit 3 when GPUs are expected and none is visible",
+                       description="For launch scripts: prints the number of ranks for this node.")
+    p.add_argument("--expect-gpus", type=int, metavar="N", help="GPUs this node must show (as validate's flag)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N", help="CPU ranks when no GPU is visible (default 1)")
 
 
 def _images_parser(sub: argparse._SubParsersAction) -> None:
+    from stackproof.images import bake
+
     p = sub.add_parser("images", help="the image matrix, its locks and the build plan")
     images = p.add_subparsers(dest="images_command", required=True, metavar="{list,check,lock,bake}")
     images.add_parser("list", help="the images of images/matrix.toml, one line each")
@@ -80,34 +66,52 @@ def _images_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stackproof", description=__doc__)
+    parser = _Parser(prog="stackproof", description=__doc__)
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,images}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,local-ranks,images}",
+                                parser_class=_Parser)
     _validate_parser(sub)
+    _verdict_parser(sub)
+    _local_ranks_parser(sub)
     _images_parser(sub)
     return parser
 
 
 def _validate(args: argparse.Namespace) -> int:
-    import os
-
-    from stackproof.suite.config import ValidateConfig
     from stackproof.suite.launcher import validate
 
-    pytest_args = tuple(args.pytest_args) + (("-k", args.select) if args.select else ())
-    settings = ValidateConfig(
-        reports=args.reports or os.environ.get("STACKPROOF_REPORTS", "reports"),
-        expect_gpus=args.expect_gpus, cpu_procs=args.nproc, timeout_s=args.timeout,
-        run_timeout_s=args.run_timeout, max_check_bytes=args.max_check_bytes, sweep_min_bytes=args.sweep_min,
-        sweep_max_bytes=args.sweep_max, sweep_warmup=args.warmup, sweep_iters=args.iters,
-        min_busbw_gbps=args.min_busbw, busbw_fraction=args.busbw_fraction, train_batch=args.train_batch,
-        train_image_size=args.train_image_size, bench_steps=args.bench_steps, expect_file=args.expect_file,
-        image=args.image, pytest_args=pytest_args, inject_fault=args.inject_fault, fault_rank=args.fault_rank)
-    return validate(settings)
+    return validate(ValidateConfig.from_args(args))
+
+
+def _verdict(args: argparse.Namespace) -> int:
+    from stackproof.suite import verdict
+
+    if not (args.reports / "report.json").exists() and not args.launcher_exit and not args.interrupted \
+            and args.timed_out is None:
+        print(f"# stackproof verdict: no report.json in {args.reports}: rank 0 ran on another node, whose "
+              "reports folder holds the verdict", flush=True)
+        return Exit.OK
+    report = verdict.settle(args.reports, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
+                            timed_out_s=args.timed_out)
+    return verdict.show(report, args.reports, sys.stdout)
+
+
+def _local_ranks(args: argparse.Namespace) -> int:
+    import torch
+
+    from stackproof.suite.visibility import no_gpu_verdict
+
+    settings = ValidateConfig(expect_gpus=args.expect_gpus, nproc=args.nproc)
+    visible = torch.cuda.device_count()
+    no_gpu = no_gpu_verdict(settings, visible, sys.stderr, write_report=False)
+    if no_gpu is not None:
+        return no_gpu
+    print(visible or settings.nproc)
+    return Exit.OK
 
 
 def _images(args: argparse.Namespace) -> int:
-    from stackproof.images import locks
+    from stackproof.images import bake, locks
     from stackproof.images.matrix import load_matrix
 
     matrix = load_matrix()
@@ -142,8 +146,13 @@ def _images(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"validate": _validate, "verdict": _verdict, "local-ranks": _local_ranks, "images": _images}
     try:
-        return _validate(args) if args.command == "validate" else _images(args)
+        return int(commands[args.command](args))
     except StackproofError as err:
         print(f"stackproof: {err}", file=sys.stderr)
-        return err.exit_code
+        return int(err.exit_code)
+    except KeyboardInterrupt:
+        print(f"stackproof: interrupted (exit code {int(Exit.INTERRUPTED)}: {Exit.INTERRUPTED.meaning})",
+              file=sys.stderr)
+        return Exit.INTERRUPTED

@@ -1,13 +1,53 @@
-"""Errors meant for people: each names what was expected, what was found, and the fix."""
+"""Exit codes and errors meant for people: each error names what was expected, what was found, and the fix.
+
+Every exit code of stackproof is written here once; the CLI, the launcher, the report and the scripts (through
+`stackproof verdict`) all take them from `Exit`."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Exit(enum.IntEnum):
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    NO_GPU = 3
+    INCOMPLETE = 4
+    INTERRUPTED = 5
+
+    @property
+    def meaning(self) -> str:
+        return _MEANINGS[self]
+
+    @property
+    def verdict(self) -> str:
+        return {Exit.OK: "OK", Exit.INTERRUPTED: "INTERRUPTED"}.get(self, "FAILED")
+
+
+_MEANINGS = {
+    Exit.OK: "every check ran and passed",
+    Exit.FAILED: "a check failed",
+    Exit.USAGE: "bad input (flags, settings, matrix or lock): nothing ran",
+    Exit.NO_GPU: "no GPU visible, but GPUs were expected",
+    Exit.INCOMPLETE: "the run did not complete: a rank died or timed out",
+    Exit.INTERRUPTED: "the run was interrupted (Ctrl-C, SIGTERM, docker stop) before every check ran",
+}
 
 
 class StackproofError(Exception):
     """Base class; the CLI prints the message alone (no traceback) and exits with `exit_code`."""
 
-    exit_code = 1
+    exit_code = Exit.FAILED
 
 
 class ConfigError(StackproofError):
     """Bad input (matrix, lock, flags): nothing was built or run."""
 
-    exit_code = 2
+    exit_code = Exit.USAGE
+
+
+class RankTimeout(StackproofError):
+    """Some ranks did not reach a sync point in time: the run cannot go on."""
+
+    exit_code = Exit.INCOMPLETE

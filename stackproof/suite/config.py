@@ -1,99 +1,196 @@
-"""The validation run's settings: one checked dataclass, shared by the launcher and every rank.
-
-The launcher builds it from the command line, checks it, and hands it to the workers as JSON in
-STACKPROOF_CONFIG, so every rank runs with exactly the same settings.
+"""The validation run's settings: one checked dataclass. The command line is generated from it (each flag is
+declared once, here, with its help and its check), and the launcher hands it to every rank as that same
+command line, so every rank runs with exactly the same settings.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import json
 import os
-from pathlib import Path
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from stackproof.errors import ConfigError
 
-CONFIG_ENV = "STACKPROOF_CONFIG"
-FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash")
+FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu")
+TIERS = ("full", "fast")
+REPORTS_ENV = "STACKPROOF_REPORTS"
+# A check may run this much longer than --timeout before the watchdog names the rank holding it up: the
+# collective's own timeout and the cross-rank sync get the first chance to say it.
+WATCHDOG_GRACE_S = 10.0
+
+_SIZE = re.compile(r"^(\d+)\s*([KMG]i?B?|B)?$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """'4G', '256MiB', '65536' -> bytes (binary units, as nccl-tests' -b/-e take them)."""
+    match = _SIZE.match(str(text).strip())
+    if not match:
+        raise ValueError(f"expected a size such as 65536, 64K, 256M or 4G, found {text!r}")
+    return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()[:1]]
+
+
+def _at_least(low: float) -> Callable[[Any], str | None]:
+    return lambda v: None if v is None or v >= low else f"expected >= {low:g}, found {v}"
+
+
+def _positive(v: Any) -> str | None:
+    return None if v is None or v > 0 else f"expected > 0, found {v}"
+
+
+def _fraction(v: Any) -> str | None:
+    return None if v is None or 0 < v <= 1 else f"expected a fraction in (0, 1], found {v}"
+
+
+def option(default: Any = None, help: str = "", *, flag: str | None = None, metavar: str | None = None,
+           parse: Callable[[str], Any] | None = None, check: Callable[[Any], str | None] | None = None,
+           choices: Sequence[str] | None = None, factory: Callable[[], Any] | None = None,
+           positional: bool = False) -> Any:
+    """A settings field and its command-line flag, declared together."""
+    meta = {"help": help, "flag": flag, "metavar": metavar, "parse": parse, "check": check, "choices": choices,
+            "positional": positional}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclasses.dataclass(frozen=True)
 class ValidateConfig:
-    reports: str = "reports"
-    # None: decide from the environment (NVIDIA_VISIBLE_DEVICES) — see launcher.expected_gpus.
-    expect_gpus: int | None = None
-    # Processes on CPU (gloo); on GPUs one process per visible GPU.
-    cpu_procs: int = 2
-    # Seconds any one collective, rendezvous or cross-rank sync may take before the run fails.
-    timeout_s: float = 300.0
-    # Seconds the whole run may take.
-    run_timeout_s: float = 1800.0
-    # Largest all_reduce correctness buffer; None: 256 MiB on GPU, 1 MiB on CPU.
-    max_check_bytes: int | None = None
-    # Bandwidth sweep; None: 1 MiB..4 GiB on GPU, 64 KiB..4 MiB on CPU.
-    sweep_min_bytes: int | None = None
-    sweep_max_bytes: int | None = None
-    sweep_warmup: int = 5
-    sweep_iters: int = 20
-    # Pass threshold for busbw at the largest size; None: derived from the measured topology.
-    min_busbw_gbps: float | None = None
-    # Fraction of the topology's peak per-GPU bandwidth the largest size must reach.
-    busbw_fraction: float = 0.5
-    # ResNet-50 step: per-rank batch and image size; None: 256 / 224 on GPU, 4 / 64 on CPU.
-    train_batch: int | None = None
-    train_image_size: int | None = None
-    train_steps: int = 3
-    bench_steps: int = 20
-    # Expected versions: a JSON file of {torch, torchvision, cuda, cudnn, nccl, python}, or a matrix image name.
-    expect_file: str | None = None
-    image: str | None = None
-    pytest_args: tuple[str, ...] = ()
-    # Break something on purpose to prove the suite turns red: see FAULTS.
-    inject_fault: str | None = None
-    fault_rank: int = 1
+    expect_gpus: int | None = option(
+        None, "GPUs that must be visible on each node (default: >= 1 when NVIDIA_VISIBLE_DEVICES requests GPUs, "
+              "else whatever is there; 0 validates on CPU)", metavar="N", check=_at_least(0))
+    nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=_at_least(1))
+    tier: str = option("full", "full: every check; fast: host, GPU identity and health, and the per-GPU "
+                               "checks only", choices=TIERS)
+    rendezvous_timeout: float = option(600.0, "seconds every rank may take to join at start-up (a large job's "
+                                              "start-up skew)", metavar="S", check=_positive)
+    timeout: float = option(300.0, "seconds one collective or cross-rank sync may take", metavar="S",
+                            check=_positive)
+    check_timeout: float | None = option(
+        None, f"seconds one check may take before the watchdog names the rank holding it up (default: "
+              f"--timeout + {WATCHDOG_GRACE_S:g})", metavar="S", check=_positive)
+    run_timeout: float = option(1800.0, "seconds the whole run may take", metavar="S", check=_positive)
+    min_busbw: float | None = option(None, "all_reduce busbw (GB/s) the largest size must reach (default: derived "
+                                           "from the NVLink/PCIe topology on one node)", metavar="GBPS",
+                                     check=_at_least(0))
+    busbw_fraction: float = option(0.5, "fraction of the topology's peak link bandwidth required when deriving",
+                                   metavar="F", check=_fraction)
+    hbm_fraction: float = option(0.7, "fraction of the NVML-derived memory bandwidth a GPU's device copy must "
+                                      "reach", metavar="F", check=_fraction)
+    pcie_fraction: float = option(0.7, "fraction of the NVML-derived PCIe bandwidth pinned host<->device copies "
+                                       "must reach", metavar="F", check=_fraction)
+    gemm_fraction: float = option(0.6, "fraction of the NVML-derived bf16 dense peak an 8192^3 GEMM must reach",
+                                  metavar="F", check=_fraction)
+    gpu_spread: float = option(0.10, "a GPU slower than the median of the job's GPUs of its model by more than "
+                                     "this fraction fails", metavar="F", check=_fraction)
+    max_check_bytes: int | None = option(None, "largest all_reduce correctness buffer (default 256M on GPU, 16M on "
+                                               "CPU)", metavar="SIZE", parse=parse_bytes, check=_at_least(1))
+    sweep_min: int | None = option(None, "bandwidth sweep start (default 1M on GPU, 64K on CPU)", metavar="SIZE",
+                                   parse=parse_bytes, check=_at_least(1))
+    sweep_max: int | None = option(None, "bandwidth sweep end (default 4G on GPU, 4M on CPU)", metavar="SIZE",
+                                   parse=parse_bytes, check=_at_least(1))
+    iters: int = option(20, "timed iterations per sweep size", metavar="N", check=_at_least(1))
+    warmup: int = option(5, "warm-up iterations per sweep size", metavar="N", check=_at_least(0))
+    train_batch: int | None = option(None, "ResNet-50 batch per rank (default 256 on GPU, 4 on CPU)", metavar="N",
+                                     check=_at_least(1))
+    train_image_size: int | None = option(None, "ResNet-50 input size (default 224 on GPU, 64 on CPU)",
+                                          metavar="PX", check=_at_least(1))
+    train_steps: int = option(3, "ResNet-50 training steps compared across ranks", metavar="N", check=_at_least(2))
+    bench_steps: int = option(20, "timed ResNet-50 steps for img/s", metavar="N", check=_at_least(1))
+    image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
+    expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
+                                           "/etc/stackproof/expected.json)", metavar="PATH")
+    reports: str = option(help=f"where report.json, junit.xml and rank logs go (default ${REPORTS_ENV} or "
+                               "./reports)", metavar="DIR", factory=lambda: os.environ.get(REPORTS_ENV, "reports"))
+    inject_fault: str | None = option(None, "break something on purpose on --fault-rank, to prove the suite "
+                                            "fails when it should", choices=FAULTS)
+    fault_rank: int = option(1, "rank that --inject-fault breaks", metavar="R", check=_at_least(0))
+    select: str | None = option(None, "run only checks matching this pytest -k expression", flag="-k",
+                                metavar="EXPR")
+    pytest_args: tuple[str, ...] = option((), "extra pytest arguments, after --", metavar="PYTEST_ARGS",
+                                          positional=True)
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.expect_gpus is not None and self.expect_gpus < 0:
-            problems.append("expect_gpus must be >= 0")
-        if self.cpu_procs < 1:
-            problems.append("cpu_procs must be >= 1")
-        if self.timeout_s <= 0 or self.run_timeout_s <= 0:
-            problems.append("timeout_s and run_timeout_s must be > 0")
-        if self.timeout_s > self.run_timeout_s:
-            problems.append("timeout_s must not exceed run_timeout_s")
-        for name in ("max_check_bytes", "sweep_min_bytes", "sweep_max_bytes", "train_batch", "train_image_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name} must be >= 1")
-        if self.sweep_min_bytes and self.sweep_max_bytes and self.sweep_min_bytes > self.sweep_max_bytes:
-            problems.append("sweep_min_bytes must not exceed sweep_max_bytes")
-        if self.sweep_iters < 1 or self.sweep_warmup < 0 or self.train_steps < 2 or self.bench_steps < 1:
-            problems.append("sweep_iters >= 1, sweep_warmup >= 0, train_steps >= 2, bench_steps >= 1")
-        if self.min_busbw_gbps is not None and self.min_busbw_gbps < 0:
-            problems.append("min_busbw_gbps must be >= 0")
-        if not 0 < self.busbw_fraction <= 1:
-            problems.append("busbw_fraction must be in (0, 1]")
-        if self.inject_fault is not None and self.inject_fault not in FAULTS:
-            problems.append(f"inject_fault must be one of {', '.join(FAULTS)}")
+        problems = [f"{flag_of(f)}: {message}" for f in dataclasses.fields(self)
+                    if f.metadata.get("check") and (message := f.metadata["check"](getattr(self, f.name)))]
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) is not None and getattr(self, f.name) not in choices:
+                problems.append(f"{flag_of(f)}: expected one of {', '.join(choices)}, found {getattr(self, f.name)!r}")
+        if self.timeout > self.run_timeout:
+            problems.append(f"--timeout {self.timeout:g} must not exceed --run-timeout {self.run_timeout:g}")
+        if self.sweep_min and self.sweep_max and self.sweep_min > self.sweep_max:
+            problems.append(f"--sweep-min {self.sweep_min} must not exceed --sweep-max {self.sweep_max}")
         if self.expect_file and self.image:
-            problems.append("give expect_file or image, not both")
+            problems.append("--image and --expect-file: give one of them, not both")
         if problems:
-            values = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
-            raise ConfigError(f"invalid validate settings: {'; '.join(problems)} (got {values})")
+            raise ConfigError("; ".join(problems) + " (see: stackproof validate --help)")
 
-    def to_env(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+    @property
+    def watchdog_s(self) -> float:
+        return self.check_timeout if self.check_timeout is not None else self.timeout + WATCHDOG_GRACE_S
+
+    @property
+    def reports_dir(self):
+        from pathlib import Path
+
+        return Path(self.reports)
+
+    def check_world(self, world_size: int) -> None:
+        """What can be judged only once the world's size is known: exit 2 before anything runs."""
+        if self.inject_fault and self.fault_rank >= world_size:
+            raise ConfigError(f"--fault-rank {self.fault_rank}: expected a rank of this run (0..{world_size - 1}), "
+                              f"found {self.fault_rank}; a fault on a rank that does not exist proves nothing")
+
+    # The command line, generated from the fields above.
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            default = f.default if f.default is not dataclasses.MISSING else None
+            text = meta["help"] + (f" (default {default})" if default not in (None, (), "") else "")
+            if meta["positional"]:
+                parser.add_argument(f.name, nargs="*", metavar=meta["metavar"], help=text)
+                continue
+            parser.add_argument(flag_of(f), dest=f.name, metavar=meta["metavar"], choices=meta["choices"],
+                                type=_arg_type(f), default=argparse.SUPPRESS, help=text)
 
     @classmethod
-    def from_env(cls) -> ValidateConfig:
-        raw = os.environ.get(CONFIG_ENV)
-        if not raw:
-            return cls()
-        values = json.loads(raw)
+    def from_args(cls, args: argparse.Namespace) -> ValidateConfig:
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
         values["pytest_args"] = tuple(values.get("pytest_args", ()))
         return cls(**values)
 
-    @property
-    def reports_dir(self) -> Path:
-        return Path(self.reports)
+    def to_argv(self) -> list[str]:
+        """The flags that reproduce these settings (what the launcher hands every rank)."""
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["positional"]:
+                continue
+            if value is not None:
+                argv += [flag_of(f), str(value)]
+        return [*argv, "--", *self.pytest_args] if self.pytest_args else argv
+
+
+def flag_of(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+
+
+def _arg_type(field: dataclasses.Field) -> Callable[[str], Any]:
+    parse = field.metadata.get("parse")
+    kind = {"int | None": int, "int": int, "float | None": float, "float": float}.get(str(field.type), str)
+    convert = parse or kind
+    name = {int: "a whole number", float: "a number"}.get(convert, "a value")
+
+    def typed(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err) if parse else f"expected {name}, found {text!r}") from None
+
+    typed.__name__ = name  # argparse names the type in its message
+    return typed

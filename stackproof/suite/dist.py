@@ -1,7 +1,9 @@
-"""Who this rank is, its process group, and a cross-rank sync that names the ranks that never arrived.
+"""The ranks of a run and how they agree.
 
-Ranks come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), from Slurm (SLURM_PROCID, ...)
-or, with neither, a world of one. Every wait has the configured timeout.
+A rank joins from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT), from Slurm's (SLURM_PROCID, ...)
+or, with neither, as a world of one. Cross-rank agreement is O(world) messages through rank 0's store: every
+rank posts its value, rank 0 alone reads them all (one wait, one multi-get), decides, and posts one answer that
+every rank reads. Every wait has a timeout, and a rank that does not arrive is named.
 """
 
 from __future__ import annotations
@@ -12,17 +14,21 @@ import json
 import os
 import re
 import socket
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from stackproof.errors import StackproofError
+from stackproof.errors import RankTimeout
 
-
-class RankTimeout(StackproofError):
-    """Some ranks did not reach a sync point in time: the run cannot go on."""
-
-    exit_code = 4
+R = TypeVar("R")
+# Ranks other than 0 wait this much longer for rank 0's answer than rank 0 waits for them, so that rank 0's
+# "rank(s) [...] did not arrive" reaches them before their own, vaguer timeout.
+ANSWER_GRACE_S = 30.0
+# On a NCCL timeout, abort the communicator but keep the process: PyTorch's default (1) kills the waiting rank
+# first, before stackproof's watchdog (watchdog.py) can say which rank stalled it (seen on H200s).
+NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
 
 
 def adopt_slurm_env(env: dict[str, str]) -> None:
@@ -32,6 +38,7 @@ def adopt_slurm_env(env: dict[str, str]) -> None:
     env["RANK"] = env["SLURM_PROCID"]
     env["WORLD_SIZE"] = env["SLURM_NTASKS"]
     env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env["GROUP_RANK"] = env.get("SLURM_NODEID", "0")
     # SLURM_TASKS_PER_NODE reads like "2(x3)": 2 tasks on each of 3 nodes.
     env["LOCAL_WORLD_SIZE"] = (env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")).split("(")[0]
     # Rank 0 (task 0 of the step) runs on the step's first node, and hosts the store there. Not
@@ -52,20 +59,25 @@ def launched_by_a_launcher(env: dict[str, str] | os._Environ = os.environ) -> bo
     return "RANK" in env or ("SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1)
 
 
+def world_size_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
+    return int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
+
+
 @dataclasses.dataclass
 class DistEnv:
     rank: int
     world_size: int
-    local_rank: int
-    local_world_size: int
-    backend: str
-    device: torch.device
-    timeout_s: float
     store: dist.Store
+    timeout_s: float
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    backend: str = "gloo"
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     # A second connection to the same store, for the watchdog thread: a client connection is busy while the
     # main thread waits on it.
     side_store: dist.Store | None = None
-    _sync_seq: int = 0
+    _seq: int = 0
 
     @property
     def is_gpu(self) -> bool:
@@ -77,49 +89,80 @@ class DistEnv:
 
     @property
     def num_nodes(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
+        return max(1, -(-self.world_size // max(1, self.local_world_size)))
 
-    def exchange(self, value: object, what: str) -> list[object]:
-        """Every rank's JSON-able `value`, in rank order, through the store; names missing ranks on timeout."""
-        self._sync_seq += 1
-        prefix = f"sync/{self._sync_seq}/"
-        self.store.set(prefix + str(self.rank), json.dumps(value))
+    def agree(self, mine: Any, what: str, decide: Callable[[list[Any]], R]) -> R:
+        """Every rank hands in a JSON-able `mine`; rank 0 calls `decide(values in rank order)` and every rank
+        returns its (JSON-able) answer. Raises RankTimeout naming the ranks that did not arrive."""
+        self._seq += 1
+        prefix = f"sync/{self._seq}/"
+        self.store.set(prefix + str(self.rank), json.dumps(mine))
+        if self.is_main:
+            answer = self._decide(prefix, what, decide)
+            self.store.set(prefix + "answer", json.dumps(answer))
+        else:
+            try:
+                self.store.wait([prefix + "answer"], datetime.timedelta(seconds=self.timeout_s + ANSWER_GRACE_S))
+            except Exception:  # a store timeout raises DistStoreError / RuntimeError depending on the version
+                raise RankTimeout(f"rank 0 did not answer {what} within {self.timeout_s + ANSWER_GRACE_S:.0f} s "
+                                  "(hung or dead); see its output; raise the limit with --timeout") from None
+            answer = json.loads(self.store.get(prefix + "answer"))
+        if "missing" in answer:
+            raise RankTimeout(f"rank(s) {answer['missing']} did not finish {what} within {self.timeout_s:.0f} s "
+                              "(hung or dead); see their logs (<reports>/logs/rank<N>.log); raise the limit with "
+                              "--timeout")
+        if "error" in answer:
+            raise RuntimeError(f"rank 0 could not decide {what}: {answer['error']}")
+        return answer["value"]
+
+    def _decide(self, prefix: str, what: str, decide: Callable[[list[Any]], Any]) -> dict[str, Any]:
         keys = [prefix + str(r) for r in range(self.world_size)]
         try:
             self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
-        except Exception:  # a store timeout raises DistStoreError / RuntimeError depending on the version
-            missing = [r for r in range(self.world_size) if not self.store.check([prefix + str(r)])]
-            raise RankTimeout(
-                f"rank(s) {missing} did not finish {what} within {self.timeout_s:.0f} s (hung or dead); "
-                f"see their logs (<reports>/logs/rank<N>.log); raise the limit with --timeout") from None
-        return [json.loads(self.store.get(key)) for key in keys]
+        except Exception:
+            # Only on failure: one check per rank, to name the ones that never arrived.
+            return {"missing": [r for r in range(self.world_size) if not self.store.check([keys[r]])]}
+        values = [json.loads(v) for v in self.store.multi_get(keys)]
+        try:
+            return {"value": decide(values)}
+        except Exception as err:  # every rank must hear an answer, or they all wait out the timeout
+            return {"error": f"{type(err).__name__}: {err}"}
+
+    def gather(self, mine: Any, what: str) -> list[Any] | None:
+        """Every rank's value on rank 0 (in rank order); None elsewhere. O(world) messages."""
+        box: list[list[Any]] = []
+        self.agree(mine, what, lambda values: box.append(values))
+        return box[0] if self.is_main else None
 
     def barrier(self, what: str) -> None:
-        self.exchange(None, what)
+        self.agree(None, what, lambda _values: None)
 
 
-def init(timeout_s: float) -> DistEnv:
+def init(rendezvous_timeout_s: float, timeout_s: float) -> DistEnv:
     """Join the world (or make a world of one) and create the default process group: NCCL on GPUs, gloo on CPU."""
     adopt_slurm_env(os.environ)  # type: ignore[arg-type]
+    # Set where every rank starts (our launcher, torchrun, srun, Kubernetes alike); a user's own choice stands.
+    os.environ.setdefault(*NCCL_ERROR_HANDLING)
     if not launched_by_a_launcher():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=rendezvous_timeout_s)))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    node_rank = int(os.environ.get("GROUP_RANK") or rank // max(1, local_world_size))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world_size,
                             timeout=timeout, device_id=device if backend == "nccl" else None)
     side = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=timeout)
-    return DistEnv(rank, world_size, local_rank, local_world_size, backend, device, timeout_s,
-                   dist.PrefixStore("stackproof", store), dist.PrefixStore("stackproof", side))
+                         timeout=datetime.timedelta(seconds=rendezvous_timeout_s))
+    return DistEnv(rank, world_size, dist.PrefixStore("stackproof", store), timeout_s, local_rank, local_world_size,
+                   node_rank, backend, device, dist.PrefixStore("stackproof", side))
 
 
 def shutdown() -> None:

@@ -16,6 +16,6 @@ def stop_if_asked(settings: ValidateConfig, rank: int) -> None:
     """A rank that stops answering (hang) or dies (crash): the others must not wait forever, and the run's
     error must name it."""
     if active(settings, "hang", rank):
-        time.sleep(settings.run_timeout_s * 2)
+        time.sleep(settings.run_timeout * 2)
     if active(settings, "crash", rank):
         os._exit(13)

@@ -12,6 +12,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
+from stackproof.errors import ConfigError
+
 IMAGE_EXPECTED = Path("/etc/stackproof/expected.json")
 IMAGE_LOCK = Path("/etc/stackproof/lock.txt")
 COMPONENTS = ("python", "torch", "torchvision", "cuda", "cudnn", "nccl")
@@ -76,18 +80,27 @@ def loaded_libraries() -> dict[str, str]:
     return found
 
 
+# How many release fields the runtime can tell: CUDA and Python are major.minor, cuDNN's 4th field is not
+# visible at runtime; the rest compare whole (torch's '+cu130' local part aside).
+_RELEASE_FIELDS = {"cuda": 2, "python": 2, "cudnn": 3}
+
+
 def same_version(component: str, expected: str, found: str | None) -> bool:
-    """Compare as far as the runtime can tell: torch's '+cu130' local part and cuDNN's 4th field are not
-    visible at runtime; CUDA and Python are major.minor."""
+    """Compare as far as the runtime can tell, as versions (packaging), not as strings: '2.8' == '2.8.0'."""
     if found is None:
         return False
-    found = found.split("+")[0]
-    expected = expected.split("+")[0].lstrip("v")
-    if component in ("cuda", "python"):
-        return found.split(".")[:2] == expected.split(".")[:2]
-    if component == "cudnn":
-        return found.split(".")[:3] == expected.split(".")[:3]
-    return found == expected
+    try:
+        want, have = Version(expected), Version(found)
+    except InvalidVersion:
+        return expected.split("+")[0] == found.split("+")[0]
+    fields = _RELEASE_FIELDS.get(component)
+    if fields:
+        return _padded(want.release, fields) == _padded(have.release, fields)
+    return Version(want.public) == Version(have.public)
+
+
+def _padded(release: tuple[int, ...], fields: int) -> tuple[int, ...]:
+    return (release + (0,) * fields)[:fields]
 
 
 def read_lock(path: Path) -> dict[str, str]:
@@ -109,13 +122,14 @@ def installed_versions() -> dict[str, str]:
 
 
 def expected(expect_file: str | None, image: str | None, env: dict[str, str] | os._Environ) -> Expected:
-    """The promise to check against, from the most specific source available."""
+    """The promise to check against, from the most specific source available. Raises ConfigError (exit 2) for
+    a file or image that cannot be read."""
     if expect_file:
         return _from_file(Path(expect_file), f"--expect-file {expect_file}")
     if image:
         from stackproof.images.matrix import load_matrix  # needs the repo's images/ (a host checkout)
 
-        entry = load_matrix().get(image)
+        entry = load_matrix().get(image)  # an unknown name: ConfigError naming the known ones
         return Expected(entry.pins(), f"images/matrix.toml image {image!r}", entry.flavor, entry.lock_path)
     if IMAGE_EXPECTED.exists():
         return _from_file(IMAGE_EXPECTED, f"{IMAGE_EXPECTED} (baked into the image)")
@@ -134,10 +148,27 @@ def expected(expect_file: str | None, image: str | None, env: dict[str, str] | o
 
 
 def _from_file(path: Path, source: str) -> Expected:
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"{source}: expected a readable JSON file of versions, found {err.strerror or err}; "
+                          "fix: pass an existing file (keys: " + ", ".join(COMPONENTS) + ")") from None
+    except ValueError as err:
+        raise ConfigError(f"{source}: expected JSON, found invalid JSON ({err}); fix the file") from None
+    if not isinstance(data, dict) or not any(data.get(c) for c in COMPONENTS):
+        raise ConfigError(f"{source}: expected an object with at least one of {', '.join(COMPONENTS)}, found "
+                          f"{str(data)[:200]}; fix the file")
     versions = {c: str(data[c]) for c in COMPONENTS if data.get(c)}
     lock = Path(data["lock"]) if data.get("lock") else (IMAGE_LOCK if IMAGE_LOCK.exists() else None)
     return Expected(versions, source, data.get("flavor"), lock)
+
+
+def image_description() -> dict[str, object]:
+    """What the running image says of itself: its promise (expected.json, the same values as its labels)."""
+    try:
+        return {"expected": json.loads(IMAGE_EXPECTED.read_text()), "source": str(IMAGE_EXPECTED)}
+    except (OSError, ValueError):
+        return {}
 
 
 def system_nccl() -> tuple[str, str] | None:

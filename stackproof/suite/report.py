@@ -1,28 +1,31 @@
-"""The verdict as a contract: a JSON report, and the same facts as a table where every non-data line starts
-with '#' and the last line says OK or FAILED (as nccl-tests does). The exit code comes from the same records."""
+"""The verdict as a contract (docs/report-format.md): report.json, junit.xml and the terminal table are written
+from the same records, and so is the exit code. In the table every non-data line starts with '#' and the last
+line is the verdict, as in nccl-tests.
+
+report.json is written as soon as rank 0 knows the world (verdict INCOMPLETE, "running"), and replaced by the
+final verdict only when rank 0 finishes: a run killed at any point never leaves a passing report behind.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import os
 import platform
-import socket
 import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NO_GPU = 3
-EXIT_INCOMPLETE = 4
-EXIT_CODES = {
-    EXIT_OK: "every check ran and passed",
-    EXIT_FAILED: "a check failed",
-    EXIT_USAGE: "bad flags or settings: nothing ran",
-    EXIT_NO_GPU: "no GPU visible, but GPUs were expected",
-    EXIT_INCOMPLETE: "the run did not complete: a rank died or timed out",
-}
+from stackproof import __version__
+from stackproof.errors import Exit
+
+SCHEMA = "stackproof.report/1"
+REPORT_FILE, JUNIT_FILE, PROMETHEUS_FILE = "report.json", "junit.xml", "stackproof.prom"
+CATEGORIES = ("gpu-hardware", "interconnect", "software-pins", "configuration", "performance")
+SEVERITIES = ("isolate", "reset", "triage")
 
 
 @dataclasses.dataclass
@@ -42,7 +45,12 @@ class Check:
     duration_s: float = 0.0
     message: str = ""
     hint: str = ""
+    category: str = ""
+    severity: str = ""
+    failed_ranks: list[int] = dataclasses.field(default_factory=list)
     figures: dict[str, Figure] = dataclasses.field(default_factory=dict)
+    # Figures of the ranks whose figures differ from rank 0's (per-GPU measurements), by rank.
+    rank_figures: dict[int, dict[str, Figure]] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -55,14 +63,39 @@ class Check:
     def verdict(self) -> str:
         return {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[self.outcome]
 
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["figures"] = {k: dataclasses.asdict(f) for k, f in self.figures.items()}
+        data["rank_figures"] = {str(r): {k: dataclasses.asdict(f) for k, f in figs.items()}
+                                for r, figs in self.rank_figures.items()}
+        return {"name": self.name, "verdict": self.verdict, **data}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Check:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        check = cls(**{k: v for k, v in data.items() if k in fields})
+        check.figures = {k: Figure(**f) for k, f in data.get("figures", {}).items()}
+        check.rank_figures = {int(r): {k: Figure(**f) for k, f in figs.items()}
+                              for r, figs in data.get("rank_figures", {}).items()}
+        return check
+
 
 @dataclasses.dataclass
 class Report:
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    world: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ranks: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # identity.RankIdentity, as dicts
+    image: dict[str, Any] = dataclasses.field(default_factory=dict)
     context: dict[str, Any] = dataclasses.field(default_factory=dict)
     checks: list[Check] = dataclasses.field(default_factory=list)
     tables: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    # nodeids pytest selected: a check among them that never reported makes the run incomplete.
+    planned: list[str] = dataclasses.field(default_factory=list)
     started: float = dataclasses.field(default_factory=time.time)
-    verdict_override: tuple[int, str] | None = None
+    wall_time_s: float | None = None
+    # (exit code, why) when the checks alone do not tell: a dead or hung rank, an interruption, bad input.
+    override: tuple[int, str] | None = None
+    complete: bool = False  # rank 0 finished and wrote this verdict
 
     def check(self, nodeid: str) -> Check:
         for existing in self.checks:
@@ -74,61 +107,242 @@ class Report:
     def counts(self) -> dict[str, int]:
         return {o: sum(c.outcome == o for c in self.checks) for o in ("passed", "failed", "skipped")}
 
-    @property
-    def exit_code(self) -> int:
-        if self.verdict_override:
-            return self.verdict_override[0]
-        if not self.checks:
-            return EXIT_INCOMPLETE
-        return EXIT_FAILED if self.counts()["failed"] else EXIT_OK
+    def not_run(self) -> list[str]:
+        done = {c.nodeid for c in self.checks}
+        return [nodeid for nodeid in self.planned if nodeid not in done]
 
     @property
-    def verdict(self) -> str:
-        return "OK" if self.exit_code == EXIT_OK else "FAILED"
+    def exit_code(self) -> Exit:
+        if self.override:
+            return Exit(self.override[0])
+        if not self.complete or not self.checks or self.not_run():
+            return Exit.INCOMPLETE
+        return Exit.FAILED if self.counts()["failed"] else Exit.OK
+
+    @property
+    def message(self) -> str:
+        if self.override:
+            return self.override[1]
+        if not self.complete:
+            return "the run has not finished (rank 0 did not write its verdict: it is running, or was killed)"
+        if not self.checks:
+            return "no check ran"
+        missing = self.not_run()
+        if missing:
+            return f"{len(missing)} of {len(self.planned)} checks never ran, from {Check(missing[0]).name}"
+        return self.exit_code.meaning
+
+    # Identity: which node and GPU each rank is.
+    def where(self, rank: int) -> str:
+        from stackproof.suite.identity import from_json
+
+        if 0 <= rank < len(self.ranks):
+            return from_json(self.ranks[rank]).where()
+        return f"rank {rank}"
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Per node: verdict, failing checks, its ranks and GPUs (the unit a platform team drains)."""
+        by_node: dict[str, dict[str, Any]] = {}
+        for ident in self.ranks:
+            node = by_node.setdefault(ident["node"], {"node": ident["node"], "hosts": [], "ranks": [], "gpus": [],
+                                                      "failed_checks": [], "verdict": "PASS"})
+            node["ranks"].append(ident["rank"])
+            if ident["host"] not in node["hosts"]:
+                node["hosts"].append(ident["host"])
+            if ident.get("gpu"):
+                node["gpus"].append({k: ident["gpu"].get(k) for k in ("index", "uuid", "serial", "pci_bus_id")})
+        node_of = {ident["rank"]: ident["node"] for ident in self.ranks}
+        for check in self.checks:
+            for rank in check.failed_ranks:
+                node = by_node.get(node_of.get(rank, ""))
+                if node is None:
+                    continue
+                node["verdict"] = "FAIL"
+                entry = next((f for f in node["failed_checks"] if f["check"] == check.name), None)
+                if entry is None:
+                    node["failed_checks"].append(entry := {"check": check.name, "ranks": [],
+                                                           "category": check.category, "severity": check.severity})
+                entry["ranks"].append(rank)
+        return list(by_node.values())
 
     def to_json(self) -> dict[str, Any]:
+        code = self.exit_code
         return {
-            "verdict": self.verdict,
-            "exit_code": self.exit_code,
-            "exit_meaning": self.verdict_override[1] if self.verdict_override else EXIT_CODES[self.exit_code],
-            "wall_time_s": round(time.time() - self.started, 3),
-            "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
-                     "python": platform.python_version()},
-            "context": self.context,
-            "counts": self.counts(),
-            "checks": [{**dataclasses.asdict(c), "name": c.name, "verdict": c.verdict} for c in self.checks],
+            "schema": SCHEMA,
+            "stackproof": __version__,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "verdict": code.verdict,
+            "exit_code": int(code),
+            "exit_meaning": code.meaning,
+            "message": self.message,
+            "complete": self.complete,
+            "started": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(
+                timespec="seconds"),
+            "wall_time_s": round(self.wall_time_s if self.wall_time_s is not None else time.time() - self.started, 3),
+            "settings": self.settings,
+            "host": {"platform": platform.platform(), "python": platform.python_version()},
+            "image": self.image,
+            "world": self.world,
+            "ranks": self.ranks,
+            "nodes": self.nodes(),
+            "counts": {**self.counts(), "planned": len(self.planned), "not_run": len(self.not_run())},
+            "checks": [c.to_json() for c in self.checks],
+            "not_run": [Check(n).name for n in self.not_run()],
+            "planned": self.planned,
             "tables": self.tables,
+            "context": self.context,
+            "override": list(self.override) if self.override else None,
         }
 
-    def write(self, reports_dir: Path) -> Path:
-        reports_dir.mkdir(parents=True, exist_ok=True)
-        path = reports_dir / "report.json"
-        path.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
-        return path
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        report = cls(settings=data.get("settings", {}), world=data.get("world", {}), ranks=data.get("ranks", []),
+                     image=data.get("image", {}), context=data.get("context", {}),
+                     checks=[Check.from_json(c) for c in data.get("checks", [])], tables=data.get("tables", {}),
+                     wall_time_s=data.get("wall_time_s"), complete=data.get("complete", False))
+        report.planned = data.get("planned", [])
+        started = data.get("started")
+        if started:
+            report.started = datetime.datetime.fromisoformat(started).timestamp()
+        if data.get("override"):
+            report.override = (int(data["override"][0]), data["override"][1])
+        return report
 
+    @classmethod
+    def load(cls, reports_dir: Path) -> Report | None:
+        try:
+            return cls.from_json(json.loads((reports_dir / REPORT_FILE).read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write(self, reports_dir: Path) -> Path:
+        """report.json, junit.xml and the Prometheus textfile, each replaced atomically."""
+        reports_dir.mkdir(parents=True, exist_ok=True)
+        _replace(reports_dir / REPORT_FILE, json.dumps(self.to_json(), indent=2, default=str) + "\n")
+        _replace(reports_dir / JUNIT_FILE, self.junit())
+        _replace(reports_dir / PROMETHEUS_FILE, self.prometheus())
+        return reports_dir / REPORT_FILE
+
+    # The same records as JUnit XML, for CI systems.
+    def junit(self) -> str:
+        counts = self.counts()
+        incomplete = self.exit_code not in (Exit.OK, Exit.FAILED)
+        suite = ET.Element("testsuite", name="stackproof", tests=str(len(self.checks) + incomplete),
+                           failures=str(counts["failed"]), errors=str(int(incomplete)),
+                           skipped=str(counts["skipped"]), time=f"{time.time() - self.started:.3f}")
+        for check in self.checks:
+            module, _, test = check.name.partition("::")
+            case = ET.SubElement(suite, "testcase", classname=module, name=test, time=f"{check.duration_s:.3f}")
+            if check.outcome == "failed":
+                ET.SubElement(case, "failure", message=_first_line(check.message)).text = \
+                    check.message + (f"\nfix: {check.hint}" if check.hint else "")
+            elif check.outcome == "skipped":
+                ET.SubElement(case, "skipped", message=_first_line(check.message))
+        if incomplete:
+            case = ET.SubElement(suite, "testcase", classname="stackproof", name="run")
+            ET.SubElement(case, "error", message=self.exit_code.meaning).text = self.message
+        return ET.tostring(_wrap(suite), encoding="unicode") + "\n"
+
+    # node_exporter's textfile collector format: a gauge per check outcome and per figure, by node and GPU.
+    def prometheus(self) -> str:
+        lines = ["# HELP stackproof_verdict_exit_code stackproof validate's exit code (0 = every check passed)",
+                 "# TYPE stackproof_verdict_exit_code gauge", f"stackproof_verdict_exit_code {int(self.exit_code)}",
+                 "# HELP stackproof_check_passed 1 if the check passed on this node, 0 if it failed; skipped: absent",
+                 "# TYPE stackproof_check_passed gauge"]
+        nodes = self.nodes() or [{"node": "", "ranks": [], "failed_checks": []}]
+        for check in self.checks:
+            if check.outcome == "skipped":
+                continue
+            for node in nodes:
+                failed = check.outcome == "failed" and (not check.failed_ranks or any(
+                    f["check"] == check.name for f in node["failed_checks"]))
+                lines.append(f"stackproof_check_passed{_labels(check=check.name, node=node['node'])} {int(not failed)}")
+        lines += ["# HELP stackproof_figure a measured figure; the unit is a label",
+                  "# TYPE stackproof_figure gauge"]
+        gpu_of = {i["rank"]: (i["node"], str((i.get("gpu") or {}).get("uuid", ""))) for i in self.ranks}
+        for check in self.checks:
+            for rank, figures in [(0, check.figures), *check.rank_figures.items()]:
+                node, gpu = gpu_of.get(rank, ("", ""))
+                for name, figure in figures.items():
+                    if isinstance(figure.value, (int, float)) and not isinstance(figure.value, bool):
+                        labels = _labels(check=check.name, figure=name, unit=figure.unit, node=node, gpu=gpu,
+                                         rank=str(rank))
+                        lines.append(f"stackproof_figure{labels} {figure.value}")
+        return "\n".join(lines) + "\n"
+
+    # The terminal: the check table, the node table (more than one node), the verdict.
     def table(self) -> str:
-        rows = [(c.name, c.verdict, "; ".join(f"{k}={f.text()}" for k, f in c.figures.items()), _note(c))
+        rows = [(c.name, c.verdict, "; ".join(f"{k}={f.text()}" for k, f in c.figures.items()), self._note(c))
                 for c in self.checks]
         width = max([len("check"), *(len(r[0]) for r in rows)])
         fig_width = min(60, max([len("figure"), *(len(r[2]) for r in rows)]))
         lines = [f"# {'check':<{width}}  verdict  {'figure':<{fig_width}}  hint"]
         lines += [f"  {name:<{width}}  {verdict:<7}  {figure:<{fig_width}}  {hint[:240]}".rstrip()
                   for name, verdict, figure, hint in rows]
+        nodes = self.nodes()
+        if len(nodes) > 1:
+            lines.append("#")
+            lines += self.node_table(nodes)
         counts = self.counts()
+        code = self.exit_code
         lines.append("#")
-        lines.append(f"# Out of {len(self.checks)} checks: {counts['passed']} passed, {counts['failed']} failed, "
-                     f"{counts['skipped']} skipped; wall time {time.time() - self.started:.1f} s")
-        if self.verdict_override:
-            lines.append(f"# {self.verdict_override[1]}")
-        lines.append(f"# Verdict: {self.verdict} (exit code {self.exit_code}: {EXIT_CODES[self.exit_code]})")
+        lines.append(f"# Out of {len(self.planned) or len(self.checks)} checks: {counts['passed']} passed, "
+                     f"{counts['failed']} failed, {counts['skipped']} skipped, {len(self.not_run())} not run; "
+                     f"wall time {self.wall_time_s if self.wall_time_s is not None else time.time() - self.started:.1f} s")
+        if code not in (Exit.OK, Exit.FAILED) or self.override:
+            lines.append(f"# {self.message}")
+        lines.append(f"# Verdict: {code.verdict} (exit code {int(code)}: {code.meaning})")
         return "\n".join(lines)
 
+    def node_table(self, nodes: list[dict[str, Any]] | None = None) -> list[str]:
+        nodes = nodes if nodes is not None else self.nodes()
+        width = max(len("node"), *(len(n["node"]) for n in nodes))
+        lines = [f"# {'node':<{width}}  verdict  ranks  {'gpus':<5}  failed checks"]
+        for node in nodes:
+            failed = "; ".join(f"{f['check']} (rank {', '.join(map(str, f['ranks']))})" for f in node["failed_checks"])
+            lines.append(f"  {node['node']:<{width}}  {node['verdict']:<7}  {len(node['ranks']):>5}  "
+                         f"{len(node['gpus']):<5}  {failed}".rstrip())
+        return lines
 
-def _note(check: Check) -> str:
-    """The table's last column: why it failed and the fix, or why it was skipped."""
-    if check.outcome == "passed":
-        return ""
-    first_line = check.message.splitlines()[0] if check.message else ""
-    if check.outcome == "failed" and check.hint:
-        return f"{first_line} -- fix: {check.hint}"
-    return first_line
+    def _note(self, check: Check) -> str:
+        """The table's last column: why it failed (where) and the fix, or why it was skipped."""
+        if check.outcome == "passed":
+            return ""
+        first = _first_line(check.message)
+        if check.outcome == "failed" and check.failed_ranks and self.ranks:
+            shown = check.failed_ranks[:4]
+            first += " [" + "; ".join(self.where(r) for r in shown) + \
+                (f"; +{len(check.failed_ranks) - 4} more" if len(check.failed_ranks) > 4 else "") + "]"
+        if check.outcome == "failed" and check.hint:
+            return f"{first} -- fix: {check.hint}"
+        return first
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
+
+
+def _wrap(suite: ET.Element) -> ET.Element:
+    root = ET.Element("testsuites")
+    root.append(suite)
+    return root
+
+
+def _labels(**labels: str) -> str:
+    def escape(value: str) -> str:
+        return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+    return "{" + ",".join(f'{k}="{escape(v)}"' for k, v in labels.items() if v != "") + "}"
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o664)  # a later run in a container (another uid) must be able to replace it
+    os.replace(tmp, path)
+
+
+def stale_outputs() -> Iterable[str]:
+    """The files a run writes at the top of its reports folder: removed before a run, so none can be read as
+    this run's."""
+    return (REPORT_FILE, JUNIT_FILE, PROMETHEUS_FILE, "exit-code")

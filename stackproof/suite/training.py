@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterable
 
 import torch
-from torch.utils.data import TensorDataset
 
 NUM_CLASSES = 1000
 
@@ -28,12 +27,59 @@ class TrainShape:
         return cls(batch or 4, image_size or 64, torch.float32)
 
 
-def synthetic_dataset(samples: int, image_size: int, seed: int = 0) -> TensorDataset:
-    """The same images and labels on every rank (same seed), so sampler shards are the only difference."""
-    generator = torch.Generator().manual_seed(seed)
-    images = torch.randn(samples, 3, image_size, image_size, generator=generator)
-    labels = torch.randint(0, NUM_CLASSES, (samples,), generator=generator)
-    return TensorDataset(images, labels)
+class SyntheticImages(torch.utils.data.Dataset):
+    """`samples` images and labels, each made from its own index on demand: the same sample on every rank, and
+    a rank holds only what it reads (memory stays flat whatever the world size)."""
+
+    def __init__(self, samples: int, image_size: int, seed: int = 0):
+        self.samples, self.image_size, self.seed = samples, image_size, seed
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.samples:
+            raise IndexError(index)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        image = torch.randn(3, self.image_size, self.image_size, generator=generator)
+        return image, torch.randint(0, NUM_CLASSES, (), generator=generator)
+
+    def batch(self, indices: Iterable[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = zip(*(self[i] for i in indices), strict=True)
+        return torch.stack(images), torch.stack(labels)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(index: int) -> int:
+    """splitmix64: a well-spread 64-bit value per index, so sums of them fingerprint a set of indices."""
+    z = (index + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def shard_summary(shard: list[int], size: int) -> dict[str, int | bool]:
+    """What rank 0 needs to prove the shards disjoint and covering without seeing them: their size, whether
+    every index is in range and unique within the shard, and a sum of per-index fingerprints."""
+    return {"count": len(shard), "in_range": all(0 <= i < size for i in shard), "unique": len(set(shard)) == len(shard),
+            "fingerprint": sum(_mix(i) for i in shard) & _MASK}
+
+
+def shards_problem(summaries: list[dict[str, int | bool]], size: int) -> str:
+    """'' when the ranks' shards are disjoint and cover range(size): counts add up to size, no rank repeats or
+    strays, and the fingerprints add up to range(size)'s (a missing index and a duplicate elsewhere would
+    have to collide in 64 bits to hide)."""
+    bad = [r for r, s in enumerate(summaries) if not (s["in_range"] and s["unique"])]
+    if bad:
+        return f"rank(s) {bad} hold an index out of range or twice"
+    total = sum(int(s["count"]) for s in summaries)
+    if total != size:
+        return f"the shards hold {total} samples in all, expected {size} (each sample exactly once)"
+    if sum(int(s["fingerprint"]) for s in summaries) & _MASK != sum(_mix(i) for i in range(size)) & _MASK:
+        return "the shards overlap or miss samples (their fingerprints do not add up to the dataset's)"
+    return ""
 
 
 def digest(tensors: Iterable[torch.Tensor]) -> str:

@@ -9,34 +9,45 @@ verdict and ends the run (exit 4); the launcher stops the other ranks.
 
 from __future__ import annotations
 
+import datetime
 import faulthandler
 import json
-import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stackproof.suite.dist import DistEnv
+import torch.distributed
 
-# Frames in these files mean "waiting for the other ranks".
-_WAITING_IN = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"stackproof{os.sep}suite{os.sep}dist.py")
-_OURS = ("smoke_tests", f"stackproof{os.sep}")
+import stackproof
+
+from stackproof.suite import dist as _dist
+
+# Where frames mean "waiting for the other ranks" (torch.distributed, stackproof's own sync), and where the
+# suite's own code lives: whole directories, resolved, so a checkout in a folder named "stackproof" or a venv
+# inside the checkout cannot be mistaken for either.
+_WAITING_IN = (Path(torch.distributed.__file__).resolve().parent, Path(_dist.__file__).resolve())
+_PACKAGE = Path(stackproof.__file__).resolve().parent
+_THIS = Path(__file__).resolve()
 # How long rank 0 waits for the others' answers once it has fired.
 ANSWER_WAIT_S = 10.0
 
 
-def main_thread_position() -> tuple[bool, str]:
+def _within(path: Path, place: Path) -> bool:
+    return path == place or place in path.parents
+
+
+def main_thread_position(suite_dirs: tuple[Path, ...] = ()) -> tuple[bool, str]:
     """(waiting for peers?, the innermost frame of the suite's own code, as file:line in function)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
+    ours = (_PACKAGE, *suite_dirs)
     waiting, where = False, "unknown"
     while frame is not None:
-        path = frame.f_code.co_filename
-        if any(marker in path for marker in _WAITING_IN):
+        path = Path(frame.f_code.co_filename).resolve()
+        if any(_within(path, place) for place in _WAITING_IN):
             waiting = True
-        if where == "unknown" and any(marker in path for marker in _OURS) and "watchdog" not in path:
-            where = f"{Path(path).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        if where == "unknown" and path != _THIS and any(_within(path, place) for place in ours):
+            where = f"{path.name}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return waiting, where
 
@@ -44,8 +55,9 @@ def main_thread_position() -> tuple[bool, str]:
 class CheckWatchdog:
     """Arm it around one check; `on_stall(nodeid, message)` runs on rank 0 if the check outlives `limit_s`."""
 
-    def __init__(self, env: DistEnv, limit_s: float, on_stall: Callable[[str, str], None]):
-        self.env, self.limit_s, self.on_stall = env, limit_s, on_stall
+    def __init__(self, env: _dist.DistEnv, limit_s: float, on_stall: Callable[[str, str, list[int]], None],
+                 suite_dirs: tuple[Path, ...] = ()):
+        self.env, self.limit_s, self.on_stall, self.suite_dirs = env, limit_s, on_stall, suite_dirs
         self._timer: threading.Timer | None = None
         self._seq = 0
 
@@ -61,21 +73,21 @@ class CheckWatchdog:
             self._timer = None
 
     def _fire(self, seq: int, what: str) -> None:
-        waiting, where = main_thread_position()
+        waiting, where = main_thread_position(self.suite_dirs)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=False)  # the full stack, into this rank's log
         store = self.env.side_store or self.env.store
         store.set(f"stall/{seq}/{self.env.rank}", json.dumps({"waiting": waiting, "where": where}))
         if not self.env.is_main:
             return  # rank 0 reports; the launcher then stops this rank
-        answers: dict[int, dict] = {}
-        deadline = time.monotonic() + ANSWER_WAIT_S
-        while time.monotonic() < deadline and len(answers) < self.env.world_size:
-            for rank in range(self.env.world_size):
-                key = f"stall/{seq}/{rank}"
-                if rank not in answers and store.check([key]):
-                    answers[rank] = json.loads(store.get(key))
-            time.sleep(0.2)
-        self.on_stall(what, stall_message(what, self.limit_s, self.env.world_size, answers))
+        keys = [f"stall/{seq}/{rank}" for rank in range(self.env.world_size)]
+        try:
+            store.wait(keys, datetime.timedelta(seconds=ANSWER_WAIT_S))
+            answers = {rank: json.loads(value) for rank, value in enumerate(store.multi_get(keys))}
+        except Exception:  # some rank did not answer: read those that did, one by one (only on this path)
+            answers = {rank: json.loads(store.get(key)) for rank, key in enumerate(keys) if store.check([key])}
+        stalled = sorted(r for r, a in answers.items() if not a["waiting"])
+        silent = sorted(set(range(self.env.world_size)) - set(answers))
+        self.on_stall(what, stall_message(what, self.limit_s, self.env.world_size, answers), stalled + silent)
 
 
 def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int, dict]) -> str:
@@ -91,4 +103,4 @@ def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int,
     if waiting:
         parts.append(f"rank(s) {waiting} were waiting for them in a collective")
     return (f"{what} did not finish within {limit_s:.0f} s: " + "; ".join(parts)
-            + "; stacks are in the rank logs; raise the limit with --timeout")
+            + "; stacks are in the rank logs; raise the limit with --check-timeout")

@@ -1,36 +1,60 @@
-"""One rank of a validation run: pytest over smoke_tests/ with the stackproof plugin.
+"""One rank of a validation run: pytest over the suite (smoke_tests/) with the stackproof plugin.
 
-Started by torchrun (from the launcher, or by you), by srun, or directly for a world of one.
-Rank 0 talks to the terminal; every other rank writes to reports/logs/rank<N>.log.
+Started by torchrun (from the launcher, scripts/torchrun, or by you), by srun, or directly for a world of one.
+Every rank's pytest output goes to <reports>/logs/rank<N>.log; rank 0's stdout carries only the contract
+(the sweep table, the check table, the verdict).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
-from stackproof.suite.config import CONFIG_ENV, ValidateConfig
-from stackproof.suite.dist import adopt_slurm_env
+from stackproof.errors import ConfigError, Exit
+from stackproof.suite import smoke_tests_dir
+from stackproof.suite.config import ValidateConfig
+from stackproof.suite.dist import adopt_slurm_env, world_size_from_env
+from stackproof.suite.plugin import Handover
+from stackproof.suite.report import Report
 from stackproof.suite.visibility import no_gpu_verdict
 
+# Set by whoever started the ranks and settles the verdict afterwards (the launcher, scripts/torchrun,
+# scripts/slurm): a rank then exits 0 whenever its checks ran, so torchrun does not stop rank 0 before it
+# writes the verdict, and rank 0 leaves the printing of the final table to that launcher.
 LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
-SMOKE_TESTS = Path(__file__).resolve().parents[2] / "smoke_tests"
 
 
-def _redirect_output(log: Path) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+@contextlib.contextmanager
+def _logged_to(path: Path) -> Iterator[IO[str]]:
+    """Point this process's stdout and stderr at its log meanwhile; yield a stream on the terminal's stdout."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # may belong to another uid (a host run before a container run)
+    saved = os.dup(1), os.dup(2)
+    contract = os.fdopen(os.dup(1), "w", buffering=1)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    try:
+        yield contract
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for target, source in zip((1, 2), saved, strict=True):
+            os.dup2(source, target)
+            os.close(source)
+        contract.close()
 
 
-def _nccl_debug_to_file(reports: Path) -> None:
+def _nccl_debug_to_file(reports) -> None:
     """NCCL says which transport it chose only at INFO level: send that to a file the bandwidth check reads."""
     if "NCCL_DEBUG" in os.environ:
         return
@@ -41,34 +65,36 @@ def _nccl_debug_to_file(reports: Path) -> None:
 
 def run(settings: ValidateConfig) -> int:
     adopt_slurm_env(os.environ)  # type: ignore[arg-type]
-    # The plugin reads the settings from the environment: under srun/torchrun (no launcher in between) they
-    # come from this rank's own command line, so hand them on, or --reports, --timeout, --inject-fault... are lost.
-    os.environ[CONFIG_ENV] = settings.to_env()
+    launched = bool(os.environ.get(LAUNCHED_ENV))
     rank = int(os.environ.get("RANK", "0"))
     reports = settings.reports_dir
-    if not os.environ.get(LAUNCHED_ENV):  # the launcher has decided this already
+    if not launched:  # a launcher has decided this already
         import torch
 
-        no_gpu = no_gpu_verdict(settings, torch.cuda.device_count(), write_report=rank == 0)
+        no_gpu = no_gpu_verdict(settings, torch.cuda.device_count(), sys.stdout, write_report=rank == 0)
         if no_gpu is not None:
             return no_gpu
+    settings.check_world(world_size_from_env())
     _nccl_debug_to_file(reports)
-    args = [str(SMOKE_TESTS), "-p", "no:cacheprovider", "-q",
-            "--rootdir", str(SMOKE_TESTS), *settings.pytest_args]
-    if rank == 0:
-        args += ["--junitxml", str(reports / "junit.xml"), "-o", "junit_suite_name=stackproof"]
-    else:
-        _redirect_output(reports / "logs" / f"rank{rank}.log")
-    rc = pytest.main(args)
-    if os.environ.get(LAUNCHED_ENV) and rc in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        # The verdict travels in report.json; a non-zero exit here would read as a crashed rank to torchrun.
-        return 0
-    return rc
-
-
-def main() -> int:
-    return run(ValidateConfig.from_env())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    log = reports / "logs" / f"rank{rank}.log"
+    suite = smoke_tests_dir()
+    args = [str(suite), "-p", "no:cacheprovider", "-q", "--rootdir", str(suite), "-c", str(suite / "pytest.ini"),
+            *(("-k", settings.select) if settings.select else ()), *settings.pytest_args]
+    with _logged_to(log) as contract:
+        rc = pytest.main(args, plugins=[Handover(settings, contract, launched)])
+    report = Report.load(reports) if rank == 0 else None
+    if rc == pytest.ExitCode.USAGE_ERROR:
+        raise ConfigError(f"pytest rejected its arguments {settings.pytest_args} (its words are in {log}); "
+                          "fix: pass only valid pytest options after --")
+    if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
+        raise ConfigError(report.message if report and report.override else
+                          f"no check was selected (see {log})")
+    if rc == pytest.ExitCode.INTERRUPTED:
+        return Exit.INTERRUPTED
+    if rc == pytest.ExitCode.INTERNAL_ERROR:
+        print(f"# stackproof validate: rank {rank}'s pytest failed internally; its traceback is in {log}",
+              flush=True)
+        return Exit.INCOMPLETE
+    if launched:
+        return Exit.OK  # the checks ran: the verdict travels in report.json
+    return report.exit_code if report else Exit.OK

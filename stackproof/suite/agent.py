@@ -1,0 +1,29 @@
+"""torchrun, run in this process (torch.distributed.run), so that a rank that dies is known by number and
+exit code, not only from torchrun's log: `python -m stackproof.suite.agent REPORTS_DIR [torchrun args]`.
+The launcher and scripts/torchrun start it; it records the failures in report.json (verdict.settle)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from stackproof.errors import Exit
+from stackproof.suite import verdict
+
+
+def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    reports, torchrun_args = Path(argv[0]), argv[1:]
+    try:
+        run(get_args_parser().parse_args(torchrun_args))
+    except ChildFailedError as err:
+        failures = [{"rank": rank, "local_rank": f.local_rank, "exitcode": f.exitcode, "pid": f.pid}
+                    for rank, f in sorted(err.failures.items())]
+        return int(verdict.settle(reports, launcher_exit=1, failures=failures).exit_code) or Exit.INCOMPLETE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,69 @@
+"""The run's final word, settled once by whoever started the ranks (stackproof's launcher, scripts/torchrun,
+scripts/slurm through `stackproof verdict`): report.json as rank 0 left it, plus what only the launcher saw
+(a rank that died, an interruption, the run's time limit). The exit code is the settled report's."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from stackproof.errors import Exit
+from stackproof.suite.report import Report, stale_outputs
+
+
+def prepare(reports_dir: Path) -> None:
+    """Before a run: the folder exists and is writable, and no verdict of an earlier run is left in it."""
+    from stackproof.errors import ConfigError
+
+    try:
+        reports_dir.mkdir(parents=True, exist_ok=True)
+        probe = reports_dir / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+        for name in stale_outputs():
+            (reports_dir / name).unlink(missing_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "
+                          f"{err.strerror or err}; fix: pass a writable --reports DIR") from None
+
+
+def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: list[dict[str, Any]] | None = None,
+           interrupted: str | None = None, timed_out_s: float | None = None) -> Report:
+    report = Report.load(reports_dir) or Report()
+    before = report.to_json()["exit_code"], report.override
+    if report.complete:
+        pass  # rank 0 wrote its verdict: what happened after that cannot change it
+    elif interrupted:
+        report.override = (Exit.INTERRUPTED, f"interrupted by {interrupted} after {len(report.checks)} of "
+                                             f"{len(report.planned) or '?'} checks")
+    elif timed_out_s is not None:
+        report.override = (Exit.INCOMPLETE, f"the run exceeded --run-timeout {timed_out_s:.0f} s and was stopped; "
+                                            f"rank logs: {reports_dir}/logs/")
+    elif failures and not report.override:
+        died = "; ".join(f"{report.where(f['rank'])} exited with {_how(f['exitcode'])}" for f in failures)
+        report.override = (Exit.INCOMPLETE, f"{died}, so the run stopped; its log: {reports_dir}/logs/")
+    elif launcher_exit not in (None, 0) and not report.override:
+        report.override = (Exit.INCOMPLETE, f"the launcher exited {launcher_exit} before rank 0 wrote a verdict (a "
+                                            f"rank died or was stopped); rank logs: {reports_dir}/logs/")
+    if failures:
+        report.context["launcher_failures"] = failures
+    if (report.to_json()["exit_code"], report.override) != before or failures:
+        report.write(reports_dir)
+    return report
+
+
+def _how(exitcode: int) -> str:
+    if exitcode < 0:
+        import signal
+
+        try:
+            return f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"code {exitcode}"
+
+
+def show(report: Report, reports_dir: Path, out: IO[str]) -> Exit:
+    print(f"{report.table()}\n# report: {reports_dir / 'report.json'}", file=out, flush=True)
+    return report.exit_code
