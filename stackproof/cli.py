@@ -34,21 +34,13 @@ def _validate_parser(sub: argparse._SubParsersAction) -> None:
 
 def _verdict_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verdict", help="settle and print a run's verdict (for launchers: scripts/torchrun, "
-                                       "scripts/slurm); exits with its code",
+                                       "scripts/slurm's srun mode); exits with its code",
                        description="Read <reports>/report.json, add what the launcher saw, print the table and "
                                    "the verdict, and exit with its code. " + EXIT_CODES_HELP + ".")
     p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
     p.add_argument("--launcher-exit", type=int, metavar="RC", help="the exit code of torchrun / srun")
     p.add_argument("--timed-out", type=float, metavar="S", help="the launcher stopped the run after S seconds")
     p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
-
-
-def _local_ranks_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("local-ranks", help="how many ranks this node runs: one per visible GPU, or --nproc on CPU; "
-                                           "exit 3 when GPUs are expected and none is visible",
-                       description="For launch scripts: prints the number of ranks for this node.")
-    p.add_argument("--expect-gpus", type=int, metavar="N", help="GPUs this node must show (as validate's flag)")
-    p.add_argument("--nproc", type=int, default=1, metavar="N", help="CPU ranks when no GPU is visible (default 1)")
 
 
 def _images_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,11 +60,10 @@ def _images_parser(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="stackproof", description=__doc__)
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,local-ranks,images}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,images}",
                                 parser_class=_Parser)
     _validate_parser(sub)
     _verdict_parser(sub)
-    _local_ranks_parser(sub)
     _images_parser(sub)
     return parser
 
@@ -86,28 +77,8 @@ def _validate(args: argparse.Namespace) -> int:
 def _verdict(args: argparse.Namespace) -> int:
     from stackproof.suite import verdict
 
-    if not (args.reports / "report.json").exists() and not args.launcher_exit and not args.interrupted \
-            and args.timed_out is None:
-        print(f"# stackproof verdict: no report.json in {args.reports}: rank 0 ran on another node, whose "
-              "reports folder holds the verdict", flush=True)
-        return Exit.OK
-    report = verdict.settle(args.reports, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
+    return verdict.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
                             timed_out_s=args.timed_out)
-    return verdict.show(report, args.reports, sys.stdout)
-
-
-def _local_ranks(args: argparse.Namespace) -> int:
-    import torch
-
-    from stackproof.suite.visibility import no_gpu_verdict
-
-    settings = ValidateConfig(expect_gpus=args.expect_gpus, nproc=args.nproc)
-    visible = torch.cuda.device_count()
-    no_gpu = no_gpu_verdict(settings, visible, sys.stderr, write_report=False)
-    if no_gpu is not None:
-        return no_gpu
-    print(visible or settings.nproc)
-    return Exit.OK
 
 
 def _images(args: argparse.Namespace) -> int:
@@ -146,7 +117,7 @@ def _images(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"validate": _validate, "verdict": _verdict, "local-ranks": _local_ranks, "images": _images}
+    commands = {"validate": _validate, "verdict": _verdict, "images": _images}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

@@ -48,6 +48,10 @@ class ConfigError(StackproofError):
 
 
 class RankTimeout(StackproofError):
-    """Some ranks did not reach a sync point in time: the run cannot go on."""
+    """Some ranks did not reach a sync point in time: the run cannot go on. `ranks` names them."""
 
     exit_code = Exit.INCOMPLETE
+
+    def __init__(self, message: str, ranks: list[int] | tuple[int, ...] = ()):
+        super().__init__(message)
+        self.ranks = list(ranks)

@@ -6,7 +6,9 @@ import subprocess
 import pytest
 from image_support import IMAGE, VALIDATION_TAG
 
-from stackproof.suite.report import EXIT_NO_GPU, EXIT_OK
+from stackproof.errors import Exit
+
+EXIT_OK, EXIT_NO_GPU = Exit.OK, Exit.NO_GPU
 
 QUICK = ["--max-check-bytes", "64K", "--sweep-max", "256K"]
 

@@ -105,38 +105,148 @@ def test_first_mismatch_reports_index_and_values():
     assert (bad.index, bad.found, bad.expected, bad.wrong) == (7, 8.0, 7.0, 1)
 
 
-def test_report_json_and_table_agree_on_the_verdict(tmp_path):
-    report = Report()
-    report.checks = [Check("test_05_bandwidth.py::test_all_reduce_busbw", figures={"busbw": Figure(343.9, "GB/s")}),
-                     Check("test_02_gpus.py::test_gpu_health", "failed", message="GPU 1: 3 uncorrected ECC errors",
-                           hint="drain the node"),
-                     Check("test_02_gpus.py::test_every_gpu_computes", "skipped", message="needs a CUDA GPU")]
+def _finished(checks, ranks=()):
+    report = Report(ranks=list(ranks))
+    report.checks, report.planned, report.complete = checks, [c.nodeid for c in checks], True
+    return report
+
+
+def test_report_json_junit_and_table_agree_on_the_verdict(tmp_path):
+    report = _finished([
+        Check("test_05_bandwidth.py::test_all_reduce_busbw", figures={"busbw": Figure(343.9, "GB/s")}),
+        Check("test_02_gpus.py::test_gpu_health", "failed", message="GPU 1: 3 uncorrected ECC errors",
+              hint="drain the node", failed_ranks=[1]),
+        Check("test_02_gpus.py::test_every_gpu_computes", "skipped", message="needs a CUDA GPU")])
     data = json.loads(report.write(tmp_path).read_text())
-    assert (data["verdict"], data["exit_code"], data["counts"]) == ("FAILED", 1,
-                                                                    {"passed": 1, "failed": 1, "skipped": 1})
+    assert (data["schema"], data["verdict"], data["exit_code"]) == ("stackproof.report/1", "FAILED", 1)
+    assert data["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "planned": 3, "not_run": 0}
+    assert data["checks"][0]["figures"] == {"busbw": {"value": 343.9, "unit": "GB/s"}}
     table = report.table().splitlines()
     assert all(line.startswith("#") for line in table if "check" in line.split()[:2] or not line.startswith("  "))
     assert "  bandwidth::all_reduce_busbw" in table[1] and "busbw=343.9 GB/s" in table[1]
     assert "GPU 1: 3 uncorrected ECC errors -- fix: drain the node" in table[2]
     assert table[-1] == "# Verdict: FAILED (exit code 1: a check failed)"
+    junit = (tmp_path / "junit.xml").read_text()
+    assert 'failures="1"' in junit and 'skipped="1"' in junit and "fix: drain the node" in junit
+    assert 'stackproof_check_passed{check="gpus::gpu_health"} 0' in (tmp_path / "stackproof.prom").read_text()
+    assert Report.from_json(data).to_json()["checks"] == data["checks"]
 
 
-def test_a_report_with_no_checks_is_not_ok():
-    assert Report().exit_code == 4
+def test_a_report_is_ok_only_when_complete_and_every_planned_check_ran():
+    assert Report().exit_code == 4  # nothing ran
+    running = _finished([Check("test_01_host.py::test_dev_shm_is_large_enough")])
+    running.complete = False
+    assert running.exit_code == 4 and "has not finished" in running.message
+    short = _finished([Check("test_01_host.py::test_dev_shm_is_large_enough")])
+    short.planned.append("test_04_collectives.py::test_barrier")
+    assert short.exit_code == 4 and "1 of 2 checks never ran, from collectives::barrier" in short.message
+    junit = short.junit()
+    assert 'errors="1"' in junit and "never ran" in junit
 
 
-def test_settings_errors_print_every_value():
+IDENTITIES = [{"rank": r, "node": f"n{1 + r // 4}", "host": f"n{1 + r // 4}", "node_rank": r // 4, "local_rank": r % 4,
+               "gpu": {"index": r % 4, "name": "NVIDIA H200", "uuid": f"GPU-{r}", "serial": f"S{r}",
+                       "pci_bus_id": f"0000:{r:02x}:00.0"}, "problem": ""} for r in range(8)]
+
+
+def test_the_report_names_the_node_and_gpu_of_a_failing_rank(tmp_path):
+    report = _finished([Check("test_04_collectives.py::test_barrier"),
+                        Check("test_04_collectives.py::test_all_reduce[sum-float32]", "failed", message="wrong",
+                              failed_ranks=[6], category="interconnect", severity="triage")], IDENTITIES)
+    nodes = {n["node"]: n for n in report.nodes()}
+    assert nodes["n1"]["verdict"] == "PASS" and nodes["n2"]["verdict"] == "FAIL"
+    assert nodes["n2"]["failed_checks"] == [{"check": "collectives::all_reduce[sum-float32]", "ranks": [6],
+                                             "category": "interconnect", "severity": "triage"}]
+    assert [g["uuid"] for g in nodes["n2"]["gpus"]] == ["GPU-4", "GPU-5", "GPU-6", "GPU-7"]
+    table = report.table()
+    assert "rank 6 on n2 (GPU 2, GPU-6, serial S6, PCI 0000:06:00.0)" in table
+    node_lines = [line for line in table.splitlines() if line.startswith("  n")]
+    assert node_lines[0].split()[:2] == ["n1", "PASS"] and node_lines[1].split()[:2] == ["n2", "FAIL"]
+    assert "collectives::all_reduce[sum-float32] (rank 6)" in node_lines[1]
+
+
+def test_flag_errors_name_the_flag_not_the_field():
     with pytest.raises(ConfigError) as err:
-        ValidateConfig(cpu_procs=0, busbw_fraction=2.0)
+        ValidateConfig(nproc=0, busbw_fraction=2.0)
     text = str(err.value)
-    assert "cpu_procs must be >= 1" in text and "busbw_fraction must be in (0, 1]" in text
-    assert "timeout_s=300.0" in text and "inject_fault=None" in text
+    assert "--nproc: expected >= 1, found 0" in text and "--busbw-fraction: expected a fraction in (0, 1]" in text
+    assert "nproc=" not in text and "reports=" not in text  # no dump of the settings object
 
 
-def test_settings_travel_to_the_ranks_unchanged(monkeypatch):
-    settings = ValidateConfig(expect_gpus=8, min_busbw_gbps=300.0, pytest_args=("-k", "ddp"))
-    monkeypatch.setenv("STACKPROOF_CONFIG", settings.to_env())
-    assert ValidateConfig.from_env() == settings
+def test_settings_travel_to_the_ranks_as_the_same_command_line():
+    import argparse
+
+    settings = ValidateConfig(expect_gpus=8, min_busbw=300.0, max_check_bytes=1 << 20, select="ddp",
+                              pytest_args=("-x",))
+    parser = argparse.ArgumentParser()
+    ValidateConfig.add_arguments(parser)
+    assert ValidateConfig.from_args(parser.parse_args(settings.to_argv())) == settings
+
+
+def test_a_fault_on_a_rank_that_does_not_exist_is_bad_input():
+    settings = ValidateConfig(inject_fault="crash", fault_rank=7)
+    with pytest.raises(ConfigError, match="--fault-rank 7: expected a rank of this run"):
+        settings.check_world(2)
+    settings.check_world(8)
+
+
+def test_odd_ones_out_and_joint_outcome():
+    from stackproof.suite import consensus
+
+    assert consensus.odd_ones_out(["a", "a", "b", "a"]) == [2]
+    assert consensus.odd_ones_out(["a", "b"]) == [1]  # a tie: rank 0 is the reference
+    joint = consensus.joint_outcome([{"outcome": "passed", "message": ""}, {"outcome": "failed", "message": "x"},
+                                     {"outcome": "failed", "message": "x"}])
+    assert joint == {"outcome": "failed", "ranks": [1, 2], "message": "failed on rank(s) [1, 2] of 3: x"}
+    mixed = consensus.joint_outcome([{"outcome": "skipped", "message": "s"}, {"outcome": "passed", "message": ""}])
+    assert mixed["outcome"] == "failed" and "ranks disagree" in mixed["message"]
+
+
+def test_agreement_is_one_answer_from_rank_0_and_names_missing_ranks():
+    import datetime
+    import threading
+
+    import torch.distributed as tdist
+
+    from stackproof.errors import RankTimeout
+    from stackproof.suite.dist import DistEnv
+
+    server = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    def client():
+        return tdist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+
+    envs = [DistEnv(rank, 4, client(), timeout_s=2.0) for rank in range(4)]
+    answers = {}
+
+    def rank_main(env, value):
+        try:
+            answers[env.rank] = env.agree(value, "a test", lambda values: sorted(values))
+        except RankTimeout as err:
+            answers[env.rank] = str(err)
+
+    threads = [threading.Thread(target=rank_main, args=(env, 10 - env.rank)) for env in envs]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert answers == {r: [7, 8, 9, 10] for r in range(4)}
+    # Rank 3 never arrives: every other rank hears rank 0 name it.
+    threads = [threading.Thread(target=rank_main, args=(env, 0)) for env in envs[:3]]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert all("rank(s) [3] did not finish a test within 2 s" in answers[r] for r in range(3))
+
+
+def test_shards_are_proven_disjoint_and_covering_from_summaries():
+    from stackproof.suite import training
+
+    size = 40
+    good = [list(range(r, size, 4)) for r in range(4)]
+    assert training.shards_problem([training.shard_summary(s, size) for s in good], size) == ""
+    overlap = [good[0], good[1], good[2], [*good[3][:-1], 0]]  # rank 3 holds 0 (rank 0's) instead of 39
+    assert "overlap or miss" in training.shards_problem([training.shard_summary(s, size) for s in overlap], size)
+    short = [good[0], good[1], good[2], good[3][:-1]]
+    assert "expected 40" in training.shards_problem([training.shard_summary(s, size) for s in short], size)
+    assert training.SyntheticImages(size, 8)[5][0].equal(training.SyntheticImages(size, 8)[5][0])
 
 
 def test_pins_read_an_images_env_only_inside_a_validation_layer():
@@ -152,7 +262,8 @@ def test_pins_read_an_images_env_only_inside_a_validation_layer():
 
 @pytest.mark.parametrize(("component", "expected", "found", "same"), [
     ("torch", "2.14.1", "2.14.1+cu130", True), ("cuda", "13.0", "13.0", True), ("cudnn", "9.24.0.43", "9.24.0", True),
-    ("nccl", "2.30.7", "2.28.9", False), ("python", "3.13", "3.13", True), ("torch", "2.14.1", None, False)])
+    ("nccl", "2.30.7", "2.28.9", False), ("python", "3.13", "3.13", True), ("torch", "2.14.1", None, False),
+    ("nccl", "2.28", "2.28.0", True), ("torch", "2.9.0", "2.9.0a0+git1234", False)])
 def test_runtime_versions_compare_as_far_as_the_runtime_can_tell(component, expected, found, same):
     from stackproof.suite import pins
 
@@ -186,10 +297,13 @@ def test_watchdog_tells_a_rank_waiting_in_a_collective_from_one_stalled_elsewher
         def get(self, key):
             return b"null"
 
-    env = dist.DistEnv(0, 1, 0, 1, "gloo", torch.device("cpu"), 5.0, SlowStore())
-    env.exchange(None, "a test")
+        def multi_get(self, keys):
+            return [b"null" for _ in keys]
+
+    env = dist.DistEnv(0, 1, SlowStore(), 5.0)
+    env.barrier("a test")
     waiting, where = seen["position"]
-    assert waiting and where.startswith("dist.py:") and where.endswith("in exchange")
+    assert waiting and where.startswith("dist.py:") and where.endswith("in _decide")
 
 
 def test_watchdog_message_names_stalled_silent_and_waiting_ranks():
@@ -201,3 +315,27 @@ def test_watchdog_message_names_stalled_silent_and_waiting_ranks():
     assert message.startswith("test_04_collectives.py::test_barrier did not finish within 310 s: ")
     assert "rank(s) [1] stalled outside any collective (rank 1 at faults.py:19 in stop_if_asked)" in message
     assert "rank(s) [2] did not answer" in message and "rank(s) [0] were waiting" in message
+
+
+def test_watchdog_does_not_take_a_checkout_named_stackproof_for_the_suite(tmp_path):
+    """Frames are the suite's by the package's own directory, not by a 'stackproof/' substring in the path."""
+    import importlib.util
+    import threading
+
+    from stackproof.suite import watchdog
+
+    other = tmp_path / "stackproof" / ".venv" / "lib" / "elsewhere.py"
+    other.parent.mkdir(parents=True)
+    other.write_text("def block(probe):\n    probe()\n")
+    spec = importlib.util.spec_from_file_location("elsewhere", other)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen = {}
+
+    def probe():
+        thread = threading.Thread(target=lambda: seen.update(position=watchdog.main_thread_position()))
+        thread.start()
+        thread.join()
+
+    module.block(probe)
+    assert seen["position"] == (False, "unknown")  # before: (False, "elsewhere.py:2 in block")

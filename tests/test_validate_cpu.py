@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.suite.report import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_NO_GPU, EXIT_OK
+from stackproof.errors import Exit
+
+EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_INCOMPLETE = Exit.OK, Exit.FAILED, Exit.NO_GPU, Exit.INCOMPLETE
 
 RUN_TIMEOUT_S = 600
 # Small buffers: the exactness logic is the same at every size; CI time is not.
@@ -19,7 +21,8 @@ QUICK = ["--max-check-bytes", "64K", "--sweep-max", "256K"]
 
 
 def validate(tmp_path, *args, env_extra=None):
-    env = {k: v for k, v in os.environ.items() if k not in ("NVIDIA_VISIBLE_DEVICES", "STACKPROOF_REPORTS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NVIDIA_VISIBLE_DEVICES", "STACKPROOF_REPORTS", "PYTEST_ADDOPTS")}
     env.update(env_extra or {})
     reports = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "stackproof", "validate", "--reports", str(reports), *args],
@@ -36,15 +39,29 @@ def checks(report, outcome):
 def test_whole_suite_passes_on_cpu_ranks(tmp_path, nproc):
     proc, report = validate(tmp_path, "--nproc", str(nproc), *QUICK)
     assert proc.returncode == EXIT_OK, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert report["verdict"] == "OK" and report["context"]["world_size"] == nproc
+    assert report["verdict"] == "OK" and report["world"]["size"] == nproc
     ran = {c["name"].split("::")[0] for c in report["checks"] if c["outcome"] == "passed"}
     assert {"host", "pins", "collectives", "bandwidth", "ddp_resnet"} <= ran
     skipped = checks(report, "skipped")
     assert all(c["message"] for c in skipped.values()), "every skip names its reason"
     assert (tmp_path / "reports" / "junit.xml").exists()
-    assert "# Verdict: OK" in proc.stdout
-    if nproc > 1:
-        assert (tmp_path / "reports" / "logs" / f"rank{nproc - 1}.log").exists()
+    assert_stdout_is_the_contract(proc.stdout, "OK")
+    assert (tmp_path / "reports" / "logs" / f"rank{nproc - 1}.log").exists()
+    assert "passed" in (tmp_path / "reports" / "logs" / "rank0.log").read_text()  # pytest's own words go there
+    assert report["schema"] == "stackproof.report/1" and report["stackproof"] and report["created"]
+    assert report["settings"]["nproc"] == nproc and report["world"]["size"] == nproc
+    assert [r["rank"] for r in report["ranks"]] == list(range(nproc)) and len(report["nodes"]) == 1
+    busbw = checks(report, "skipped")["bandwidth::all_reduce_busbw"]
+    assert "no bar is derived without GPUs" in busbw["message"] and "threshold" not in busbw["figures"]
+
+
+def assert_stdout_is_the_contract(stdout: str, verdict: str) -> None:
+    """nccl-tests' rule: data lines have no '#', every other line has one, and the last line is the verdict."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    data = [line for line in lines if not line.startswith("#")]
+    assert all(line.startswith("  ") for line in data), [line for line in data if not line.startswith("  ")]
+    assert lines[-2].startswith("# Verdict: " + verdict) and lines[-1].startswith("# report: ")
+    assert sum(line.startswith("# Verdict:") for line in lines) == 1
 
 
 def test_wrong_all_reduce_on_one_rank_fails_and_names_it(tmp_path):
@@ -71,7 +88,7 @@ def test_a_hung_rank_ends_the_run_naming_it(tmp_path):
     proc, report = validate(tmp_path, "--inject-fault", "hang", "--timeout", "5", "-k", "barrier")
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
     assert report["exit_code"] == EXIT_INCOMPLETE
-    assert "rank(s) [1]" in report["exit_meaning"]
+    assert "rank(s) [1]" in report["message"]
 
 
 def test_expected_gpus_but_none_visible_exits_3(tmp_path):
@@ -105,7 +122,21 @@ def test_pins_compared_with_an_expect_file(tmp_path):
 def test_bad_flags_exit_2_before_anything_runs(tmp_path):
     proc, report = validate(tmp_path, "--timeout", "900", "--run-timeout", "60")
     assert proc.returncode == 2 and report is None
-    assert "timeout_s must not exceed run_timeout_s" in proc.stderr and "run_timeout_s=60" in proc.stderr
+    assert "--timeout 900 must not exceed --run-timeout 60" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "env", "words"), [
+    (["--inject-fault", "crash", "--fault-rank", "7"], {}, "--fault-rank 7: expected a rank of this run (0..1)"),
+    (["--reports", "/proc/forbidden"], {}, "--reports /proc/forbidden: expected a folder this user"),
+    ([], {"PYTEST_ADDOPTS": "--bogus"}, "PYTEST_ADDOPTS='--bogus' is set"),
+    (["-k", "no_such_check"], {}, "-k 'no_such_check' selects none of the suite's checks"),
+], ids=["fault-rank", "reports", "pytest-addopts", "k-matches-nothing"])
+def test_bad_input_is_exit_2_in_one_line(tmp_path, args, env, words):
+    cmd = [sys.executable, "-m", "stackproof", "validate", "--reports", str(tmp_path / "r"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          env={**{k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}, **env})
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert words in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -125,7 +156,7 @@ def test_a_signal_stops_every_rank(tmp_path, signum):
     reports = tmp_path / "reports"
     env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
     launcher = subprocess.Popen([sys.executable, "-m", "stackproof", "validate", "--reports", str(reports),
-                                 "--inject-fault", "hang", "-k", "barrier"], env=env,
+                                 "--inject-fault", "hang", "-k", "barrier or dev_shm"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (reports / "logs" / "rank1.log").exists() and time.monotonic() < deadline:
@@ -133,17 +164,23 @@ def test_a_signal_stops_every_rank(tmp_path, signum):
     time.sleep(3)  # both ranks are inside the barrier test now: rank 1 sleeps, rank 0 waits for it
     assert len(_processes_with(str(reports))) >= 3, "launcher, torchrun and the ranks should be running"
     launcher.send_signal(signum)
-    assert launcher.wait(timeout=60) == EXIT_INCOMPLETE
+    assert launcher.wait(timeout=60) == Exit.INTERRUPTED
     time.sleep(1)
     assert _processes_with(str(reports)) == [], "ranks outlived the launcher"
+    report = json.loads((reports / "report.json").read_text())
+    assert (report["verdict"], report["exit_code"]) == ("INTERRUPTED", Exit.INTERRUPTED)
+    assert f"interrupted by {signum.name}" in report["message"]
+    assert 'errors="1"' in (reports / "junit.xml").read_text()
 
 
 def test_a_dead_rank_ends_the_run_naming_it(tmp_path):
-    proc, _ = validate(tmp_path, "--inject-fault", "crash", "--timeout", "20", "-k", "barrier")
+    proc, report = validate(tmp_path, "--inject-fault", "crash", "--timeout", "20", "-k", "barrier")
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
-    # torchrun's summary names the rank that died; stackproof's last lines point at it.
-    assert "rank      : 1 (local_rank: 1)" in proc.stderr and "exitcode  : 13" in proc.stderr
-    assert "a rank died or was stopped; torchrun's summary above names it" in proc.stdout
+    assert report["exit_code"] == EXIT_INCOMPLETE and report["verdict"] == "FAILED"
+    host = report["ranks"][1]["node"]
+    assert f"rank 1 on {host} exited with code 13" in report["message"]
+    assert f"rank 1 on {host} exited with code 13" in proc.stdout
+    assert_stdout_is_the_contract(proc.stdout, "FAILED")
 
 
 def test_the_watchdog_locates_a_rank_stalled_outside_any_collective(tmp_path):
@@ -152,7 +189,29 @@ def test_the_watchdog_locates_a_rank_stalled_outside_any_collective(tmp_path):
     proc, report = validate(tmp_path, "--inject-fault", "hang", "--fault-rank", "0", "--timeout", "20",
                             "-k", "barrier")
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
-    meaning = report["exit_meaning"]
+    meaning = report["message"]
     assert "did not finish within 30 s: rank(s) [0] stalled outside any collective (rank 0 at faults.py:" in meaning
     assert "rank(s) [1] were waiting for them in a collective" in meaning
     assert "# Verdict: FAILED (exit code 4" in proc.stdout
+
+
+def test_cpu_runs_check_all_reduce_at_16_mib_by_default(tmp_path):
+    proc, report = validate(tmp_path, "-k", "all_reduce and sum-float32")
+    assert proc.returncode == EXIT_OK, proc.stdout[-3000:]
+    assert checks(report, "passed")["collectives::all_reduce[sum-float32]"]["figures"]["largest"]["value"] >= 16 << 20
+
+
+def test_resnet_memory_per_rank_does_not_grow_with_the_world(tmp_path):
+    """The synthetic data is made per sample on demand: a rank holds its batch, whatever the world size."""
+    seen = {}
+    for nproc in (2, 8):
+        proc, report = validate(tmp_path / str(nproc), "--nproc", str(nproc), "--train-batch", "32",
+                                "--train-steps", "2", "--bench-steps", "1", "-k", "ddp and loss")
+        assert proc.returncode == EXIT_OK, proc.stdout[-3000:]
+        check = checks(report, "passed")["ddp_resnet::loss_is_finite_and_decreasing"]
+        figures = [check["figures"], *check["rank_figures"].values()]
+        seen[nproc] = {"input": {f["input_bytes"]["value"] for f in figures},
+                       "rss": max(f["peak_rss"]["value"] for f in figures)}
+    assert seen[2]["input"] == seen[8]["input"] == {32 * 3 * 64 * 64 * 4 + 32 * 8}
+    print(f"peak RSS per rank (MiB): 2 ranks {seen[2]['rss']}, 8 ranks {seen[8]['rss']}")
+    assert seen[8]["rss"] <= seen[2]["rss"] * 1.05, seen

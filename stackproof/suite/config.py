@@ -65,6 +65,17 @@ class ValidateConfig:
     nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=_at_least(1))
     tier: str = option("full", "full: every check; fast: host, GPU identity and health, and the per-GPU "
                                "checks only", choices=TIERS)
+    nnodes: int = option(1, "nodes in the run; every node runs this same command (with --node-rank and "
+                            "--master-addr, or --rdzv-endpoint)", metavar="N", check=_at_least(1))
+    node_rank: int | None = option(None, "this node's rank, 0..nnodes-1, for a static rendezvous at --master-addr",
+                                   metavar="R", check=_at_least(0))
+    master_addr: str | None = option(None, "node 0's address (static rendezvous; node 0 hosts the store)",
+                                     metavar="HOST")
+    master_port: int = option(29500, "node 0's store port (static rendezvous)", metavar="PORT", check=_at_least(1))
+    rdzv_endpoint: str | None = option(None, "host:port of a c10d rendezvous (any node, usually the first): nodes "
+                                             "join in any order and get node ranks in join order", metavar="HOST:PORT")
+    rdzv_id: str = option("stackproof", "the run's name at --rdzv-endpoint: nodes join the run with their id",
+                          metavar="ID")
     rendezvous_timeout: float = option(600.0, "seconds every rank may take to join at start-up (a large job's "
                                               "start-up skew)", metavar="S", check=_positive)
     timeout: float = option(300.0, "seconds one collective or cross-rank sync may take", metavar="S",
@@ -126,6 +137,11 @@ class ValidateConfig:
             problems.append(f"--sweep-min {self.sweep_min} must not exceed --sweep-max {self.sweep_max}")
         if self.expect_file and self.image:
             problems.append("--image and --expect-file: give one of them, not both")
+        if self.nnodes > 1 and not self.rdzv_endpoint and (self.node_rank is None or not self.master_addr):
+            problems.append(f"--nnodes {self.nnodes}: expected --rdzv-endpoint HOST:PORT (c10d) or --node-rank and "
+                            "--master-addr (static), found neither")
+        if self.node_rank is not None and self.node_rank >= self.nnodes:
+            problems.append(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
         if problems:
             raise ConfigError("; ".join(problems) + " (see: stackproof validate --help)")
 
@@ -138,6 +154,18 @@ class ValidateConfig:
         from pathlib import Path
 
         return Path(self.reports)
+
+    def torchrun_rendezvous(self) -> list[str]:
+        """torchrun's flags for this run's rendezvous (the launcher starts one torchrun agent per node)."""
+        if self.rdzv_endpoint:
+            wait = f"{self.rendezvous_timeout:.0f}"
+            return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}",
+                    f"--rdzv-id={self.rdzv_id}",
+                    f"--rdzv-conf=join_timeout={wait},read_timeout={wait},close_timeout=60"]
+        if self.node_rank is not None and self.master_addr:
+            return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",
+                    f"--master-port={self.master_port}", f"--rdzv-conf=timeout={self.rendezvous_timeout:.0f}"]
+        return ["--standalone", "--nnodes=1"]
 
     def check_world(self, world_size: int) -> None:
         """What can be judged only once the world's size is known: exit 2 before anything runs."""

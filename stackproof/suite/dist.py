@@ -96,33 +96,33 @@ class DistEnv:
         returns its (JSON-able) answer. Raises RankTimeout naming the ranks that did not arrive."""
         self._seq += 1
         prefix = f"sync/{self._seq}/"
-        self.store.set(prefix + str(self.rank), json.dumps(mine))
         if self.is_main:
-            answer = self._decide(prefix, what, decide)
+            answer = self._decide(prefix, mine, decide)
             self.store.set(prefix + "answer", json.dumps(answer))
         else:
-            try:
-                self.store.wait([prefix + "answer"], datetime.timedelta(seconds=self.timeout_s + ANSWER_GRACE_S))
+            self.store.set(prefix + str(self.rank), json.dumps(mine))
+            try:  # a blocking get: this store's own timeout is --timeout + ANSWER_GRACE_S (see init)
+                answer = json.loads(self.store.get(prefix + "answer"))
             except Exception:  # a store timeout raises DistStoreError / RuntimeError depending on the version
                 raise RankTimeout(f"rank 0 did not answer {what} within {self.timeout_s + ANSWER_GRACE_S:.0f} s "
-                                  "(hung or dead); see its output; raise the limit with --timeout") from None
-            answer = json.loads(self.store.get(prefix + "answer"))
+                                  "(hung or dead); see its output; raise the limit with --timeout", [0]) from None
         if "missing" in answer:
             raise RankTimeout(f"rank(s) {answer['missing']} did not finish {what} within {self.timeout_s:.0f} s "
                               "(hung or dead); see their logs (<reports>/logs/rank<N>.log); raise the limit with "
-                              "--timeout")
+                              "--timeout", answer["missing"])
         if "error" in answer:
             raise RuntimeError(f"rank 0 could not decide {what}: {answer['error']}")
         return answer["value"]
 
-    def _decide(self, prefix: str, what: str, decide: Callable[[list[Any]], Any]) -> dict[str, Any]:
-        keys = [prefix + str(r) for r in range(self.world_size)]
+    def _decide(self, prefix: str, mine: Any, decide: Callable[[list[Any]], Any]) -> dict[str, Any]:
+        keys = [prefix + str(r) for r in range(1, self.world_size)]
         try:
-            self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
+            if keys:
+                self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
         except Exception:
             # Only on failure: one check per rank, to name the ones that never arrived.
-            return {"missing": [r for r in range(self.world_size) if not self.store.check([keys[r]])]}
-        values = [json.loads(v) for v in self.store.multi_get(keys)]
+            return {"missing": [r for r, key in enumerate(keys, 1) if not self.store.check([key])]}
+        values = [mine, *(json.loads(v) for v in (self.store.multi_get(keys) if keys else []))]
         try:
             return {"value": decide(values)}
         except Exception as err:  # every rank must hear an answer, or they all wait out the timeout
@@ -159,10 +159,16 @@ def init(rendezvous_timeout_s: float, timeout_s: float) -> DistEnv:
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world_size,
                             timeout=timeout, device_id=device if backend == "nccl" else None)
-    side = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=datetime.timedelta(seconds=rendezvous_timeout_s))
-    return DistEnv(rank, world_size, dist.PrefixStore("stackproof", store), timeout_s, local_rank, local_world_size,
-                   node_rank, backend, device, dist.PrefixStore("stackproof", side))
+
+    def connection(timeout_s: float) -> dist.Store:
+        """A connection of stackproof's own to rank 0's store: the agreement's (a blocking get waits as long
+        as its timeout) and the watchdog's (it must not queue behind the main thread's wait)."""
+        client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                               timeout=datetime.timedelta(seconds=timeout_s))
+        return dist.PrefixStore("stackproof", client)
+
+    return DistEnv(rank, world_size, connection(timeout_s + ANSWER_GRACE_S), timeout_s, local_rank, local_world_size,
+                   node_rank, backend, device, side_store=connection(rendezvous_timeout_s))
 
 
 def shutdown() -> None:

@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 
-from stackproof.errors import ConfigError, Exit
-from stackproof.suite import pins, verdict, worker
+from stackproof.errors import ConfigError
+from stackproof.suite import pins, verdict
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.dist import launched_by_a_launcher
 from stackproof.suite.visibility import no_gpu_verdict
@@ -28,31 +28,34 @@ def check_input(settings: ValidateConfig) -> None:
 
 def validate(settings: ValidateConfig) -> int:
     check_input(settings)
+    from stackproof.suite import worker  # imports torch: after the checks above, which take no time
+
     if launched_by_a_launcher():
         return worker.run(settings)
-    import torch  # after the checks above: importing torch takes seconds
+    import torch
 
     visible = torch.cuda.device_count()
     no_gpu = no_gpu_verdict(settings, visible, sys.stdout)
     if no_gpu is not None:
         return no_gpu
     nproc = visible or settings.nproc  # one rank per visible GPU
-    settings.check_world(nproc)
+    settings.check_world(nproc * settings.nnodes)
     verdict.prepare(settings.reports_dir)
-    print(f"# stackproof validate: {nproc} rank(s) on this node ({'NCCL, one per GPU' if visible else 'gloo, CPU'}), "
-          f"tier {settings.tier}; reports: {settings.reports}", flush=True)
+    print(f"# stackproof validate: {nproc} rank(s) on this node ({'NCCL, one per GPU' if visible else 'gloo, CPU'}) "
+          f"of {settings.nnodes} node(s), tier {settings.tier}; reports: {settings.reports}", flush=True)
     rc, interrupted, timed_out = _torchrun(settings, nproc)
-    report = verdict.settle(settings.reports_dir, launcher_exit=rc, interrupted=interrupted,
+    return verdict.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
                             timed_out_s=settings.run_timeout if timed_out else None)
-    return verdict.show(report, settings.reports_dir, sys.stdout)
 
 
 def _torchrun(settings: ValidateConfig, nproc: int) -> tuple[int, str | None, bool]:
     """(torchrun's exit code, the signal that interrupted the run if any, whether --run-timeout stopped it)."""
-    cmd = [sys.executable, "-m", "stackproof.suite.agent", settings.reports, "--standalone",
+    cmd = [sys.executable, "-m", "stackproof.suite.agent", settings.reports, *settings.torchrun_rendezvous(),
            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=1",
            "-m", "--", "stackproof", "validate", *settings.to_argv()]
-    env = {**os.environ, worker.LAUNCHED_ENV: "1"}
+    from stackproof.suite.worker import LAUNCHED_ENV
+
+    env = {**os.environ, LAUNCHED_ENV: "1"}
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)

@@ -1,14 +1,17 @@
 """The pytest plugin that turns one pytest session per rank into one verdict.
 
-Every rank runs the same checks in the same order. After each check the ranks agree on its outcome in O(world)
-messages (DistEnv.agree): rank 0 reads every rank's outcome and figures, records them, and answers with the
-joint outcome, so a failure on any rank is reported with that rank's number, node and GPU.
+Every rank runs the same checks in the same order. At the end of each module of checks the ranks agree on the
+outcomes in O(world) messages (DistEnv.agree): rank 0 reads every rank's outcomes and figures, records them, and
+answers with the joint outcomes, so a failure on any rank is reported with that rank's number, node and GPU.
+One agreement per module, not per check, keeps a 1024-rank run's sync cost to seconds (benchmarks/sync.py);
+a rank that hangs inside a check is the per-check watchdog's to name.
 
 pytest's own terminal output goes to the rank's log; stdout carries only the contract (report.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
@@ -33,6 +36,7 @@ STDOUT_KEY = pytest.StashKey[IO[str]]()
 LAUNCHED_KEY = pytest.StashKey[bool]()
 PHASES_KEY = pytest.StashKey[list]()
 FIGURES_KEY = pytest.StashKey[dict]()
+PENDING_KEY = pytest.StashKey[list]()
 
 
 class Handover:
@@ -88,7 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SETTINGS_KEY] = settings
     config.stash.setdefault(STDOUT_KEY, sys.stdout)
     config.stash.setdefault(LAUNCHED_KEY, False)
-    config.stash[PHASES_KEY], config.stash[FIGURES_KEY] = [], {}
+    config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout)
     config.stash[REPORT_KEY] = report = Report(settings=_settings_json(settings))
     mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None)
@@ -156,7 +160,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     watchdog.arm(item.nodeid)
     try:
         result = yield
-        _agree_on(item)
+        _record(item)
+        if nextitem is None or nextitem.module is not item.module:
+            _agree(item)
         return result
     finally:
         watchdog.disarm()
@@ -187,33 +193,52 @@ def _message(rep: pytest.TestReport, call: pytest.CallInfo) -> str:
     return rep.longreprtext[:2000]
 
 
-def _agree_on(item: pytest.Item) -> None:
-    """One agreement per check: this rank's outcome (the worst of its phases) and figures go to rank 0."""
+def _record(item: pytest.Item) -> None:
+    """This rank's outcome of a check (the worst of its phases) and its figures, until the module's agreement;
+    rank 0 records its own at once, so a verdict written early (the watchdog's) holds it."""
+    config = item.config
+    phases = config.stash[PHASES_KEY]
+    worst = max(phases, key=lambda p: consensus.OUTCOME_ORDER.index(p[0]), default=("passed", "", 0.0))
+    mine = {"nodeid": item.nodeid, "outcome": worst[0], "message": worst[1], "figures": config.stash[FIGURES_KEY]}
+    config.stash[PENDING_KEY].append(mine)
+    if config.stash[DIST_KEY].is_main:
+        check = config.stash[REPORT_KEY].check(item.nodeid)
+        check.outcome, check.message = mine["outcome"], mine["message"]
+        check.failed_ranks = [0] if mine["outcome"] == "failed" else []
+        check.duration_s = sum(p[2] for p in phases)
+        check.figures = {k: Figure(**f) for k, f in mine["figures"].items()}
+
+
+def _agree(item: pytest.Item) -> None:
+    """One agreement over the checks recorded since the last one."""
     config = item.config
     env, report = config.stash[DIST_KEY], config.stash[REPORT_KEY]
-    phases = config.stash[PHASES_KEY]
-    if report.override:  # a peer already timed out: nothing more can be agreed
+    pending, config.stash[PENDING_KEY] = config.stash[PENDING_KEY], []
+    if report.override or env.world_size == 1:  # a peer already timed out, or there is nobody to agree with
         return
-    worst = max(phases, key=lambda p: consensus.OUTCOME_ORDER.index(p[0]), default=("passed", "", 0.0))
-    mine = {"outcome": worst[0], "message": worst[1], "figures": config.stash[FIGURES_KEY]}
-    check = report.check(item.nodeid) if env.is_main else None
 
-    def decide(values: list[dict[str, Any]]) -> dict[str, Any]:
-        joint = consensus.joint_outcome(values)
-        check.figures = {k: Figure(**f) for k, f in values[0]["figures"].items()}
-        check.rank_figures = {r: {k: Figure(**f) for k, f in v["figures"].items()}
-                              for r, v in enumerate(values) if r and v["figures"] != values[0]["figures"]}
-        return {"outcome": joint["outcome"], "message": joint["message"], "ranks": joint["ranks"]}
+    def decide(values: list[list[dict[str, Any]]]) -> None:
+        """On rank 0: the joint outcome of each check goes into the report; the other ranks need no answer."""
+        for index, nodeid in enumerate(entry["nodeid"] for entry in values[0]):
+            runs = [v[index] if index < len(v) and v[index]["nodeid"] == nodeid else
+                    {"outcome": "failed", "message": f"this rank did not run {nodeid} in step with rank 0 (the "
+                                                     "ranks collected different checks)", "figures": {}}
+                    for v in values]
+            check = report.check(nodeid)
+            check.rank_figures = {r: {k: Figure(**f) for k, f in run["figures"].items()}
+                                  for r, run in enumerate(runs) if r and run["figures"] != runs[0]["figures"]}
+            joint = consensus.joint_outcome(runs)
+            check.outcome, check.message, check.failed_ranks = joint["outcome"], joint["message"], joint["ranks"]
 
     try:
-        joint = env.agree(mine, f"check {item.nodeid}", decide)
+        env.agree(pending, f"the checks of {item.module.__name__ if item.module else item.nodeid}", decide)
     except RankTimeout as err:
-        joint = {"outcome": "failed", "message": str(err), "ranks": []}
         report.override = (Exit.INCOMPLETE, str(err))
         item.session.shouldstop = str(err)
-    if check is not None:
-        check.outcome, check.message, check.failed_ranks = joint["outcome"], joint["message"], joint["ranks"]
-        check.duration_s = sum(p[2] for p in phases)
+        if env.is_main:
+            check = report.check(item.nodeid)
+            check.outcome, check.message = "failed", str(err)
+            check.failed_ranks = err.ranks
 
 
 def _stalled(config: pytest.Config, nodeid: str, message: str, ranks: list[int]) -> None:
@@ -250,10 +275,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if env.world_size > 1 and not report.override:
         # Nobody exits before rank 0 has written the verdict: under a bare torchrun a rank's non-zero exit
         # makes torchrun stop the others.
-        try:
+        with contextlib.suppress(RankTimeout):
             env.barrier("writing the report")
-        except RankTimeout:
-            pass
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

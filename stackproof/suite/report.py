@@ -254,7 +254,7 @@ class Report:
             if check.outcome == "skipped":
                 continue
             for node in nodes:
-                failed = check.outcome == "failed" and (not check.failed_ranks or any(
+                failed = check.outcome == "failed" and (not node["ranks"] or not check.failed_ranks or any(
                     f["check"] == check.name for f in node["failed_checks"]))
                 lines.append(f"stackproof_check_passed{_labels(check=check.name, node=node['node'])} {int(not failed)}")
         lines += ["# HELP stackproof_figure a measured figure; the unit is a label",
@@ -285,10 +285,11 @@ class Report:
             lines += self.node_table(nodes)
         counts = self.counts()
         code = self.exit_code
+        wall = self.wall_time_s if self.wall_time_s is not None else time.time() - self.started
         lines.append("#")
         lines.append(f"# Out of {len(self.planned) or len(self.checks)} checks: {counts['passed']} passed, "
                      f"{counts['failed']} failed, {counts['skipped']} skipped, {len(self.not_run())} not run; "
-                     f"wall time {self.wall_time_s if self.wall_time_s is not None else time.time() - self.started:.1f} s")
+                     f"wall time {wall:.1f} s")
         if code not in (Exit.OK, Exit.FAILED) or self.override:
             lines.append(f"# {self.message}")
         lines.append(f"# Verdict: {code.verdict} (exit code {int(code)}: {code.meaning})")

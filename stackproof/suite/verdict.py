@@ -64,6 +64,14 @@ def _how(exitcode: int) -> str:
     return f"code {exitcode}"
 
 
-def show(report: Report, reports_dir: Path, out: IO[str]) -> Exit:
+def conclude(reports_dir: Path, out: IO[str], *, launcher_exit: int | None = None,
+             interrupted: str | None = None, timed_out_s: float | None = None) -> Exit:
+    """Settle, print the table and the verdict, and return the exit code. A node whose ranks all finished but
+    which holds no report.json (rank 0 ran elsewhere, no shared folder) says so and exits 0."""
+    if not (reports_dir / "report.json").exists() and not launcher_exit and not interrupted and timed_out_s is None:
+        print(f"# stackproof: this node's ranks finished; no report.json in {reports_dir}: rank 0's node holds the "
+              "verdict (or give every node one shared --reports folder)", file=out, flush=True)
+        return Exit.OK
+    report = settle(reports_dir, launcher_exit=launcher_exit, interrupted=interrupted, timed_out_s=timed_out_s)
     print(f"{report.table()}\n# report: {reports_dir / 'report.json'}", file=out, flush=True)
     return report.exit_code

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch.distributed
 
 import stackproof
-
 from stackproof.suite import dist as _dist
 
 # Where frames mean "waiting for the other ranks" (torch.distributed, stackproof's own sync), and where the

@@ -1,0 +1,97 @@
+"""What cross-rank agreement costs as the world grows: W ranks (threads, each with its own store connection,
+as real ranks have) against one TCPStore, agreeing on a check's outcome as the plugin does after every check.
+
+    python benchmarks/sync.py                 # W = 16, 64, 256, 1024
+    python benchmarks/sync.py --worlds 8 64 --syncs 20
+
+Prints one row per world size: the cost of one agreement (each rank hands in the outcomes of one module of
+checks, as the plugin does) and of a whole run's agreements (one per module of the suite, plus start-up and
+end, counted from the suite itself). Figures, not a test: a 2-core machine's timings vary with whatever else
+runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch.distributed as dist
+
+from stackproof.suite import consensus
+from stackproof.suite.dist import DistEnv
+
+
+def suite_shape() -> tuple[int, int]:
+    """(agreements in one full run, checks per agreement): one per module of checks, one at start-up
+    (identity), one before exit (the report)."""
+    import subprocess
+
+    suite = Path(__file__).resolve().parents[1] / "smoke_tests"
+    out = subprocess.run([sys.executable, "-c", "import pytest, sys; sys.exit(pytest.main(["
+                          f"{str(suite)!r}, '--collect-only', '-q', '-p', 'no:cacheprovider', "
+                          "'--noconftest', '-o', 'addopts=']))"],
+                         capture_output=True, text=True, timeout=300).stdout
+    checks = [line.split("::")[0] for line in out.splitlines() if "::" in line]
+    modules = len(set(checks))
+    return modules + 2, -(-len(checks) // modules)
+
+
+def measure(world: int, syncs: int, checks: int) -> list[float]:
+    timeout = datetime.timedelta(seconds=600)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    envs = [DistEnv(rank, world, dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout), 600.0)
+            for rank in range(world)]
+    start_line = threading.Barrier(world + 1)
+    durations: list[float] = []
+
+    def rank_main(env: DistEnv) -> None:
+        mine = [{"nodeid": f"test_04_collectives.py::test_all_reduce[sum-{i}]", "outcome": "passed", "message": "",
+                 "figures": {"largest": {"value": 268435456, "unit": "B"}}} for i in range(checks)]
+
+        def decide(values):
+            return [consensus.joint_outcome([v[i] for v in values]) for i in range(checks)]
+
+        for _ in range(syncs):
+            start_line.wait()
+            env.agree(mine, "a module's checks", decide)
+            start_line.wait()
+
+    threads = [threading.Thread(target=rank_main, args=(env,), daemon=True) for env in envs]
+    for thread in threads:
+        thread.start()
+    for _ in range(syncs):
+        start_line.wait()  # every rank arrives at once, as after a check
+        begin = time.perf_counter()
+        start_line.wait()  # every rank has the answer
+        durations.append(time.perf_counter() - begin)
+    for thread in threads:
+        thread.join()
+    return durations
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[16, 64, 256, 1024])
+    parser.add_argument("--syncs", type=int, default=10, help="agreements timed per world size (default 10)")
+    args = parser.parse_args()
+    per_run, checks = suite_shape()
+    print(f"# one agreement = every rank posts the outcomes of {checks} checks, rank 0 reads all and answers; "
+          f"{per_run} per run (modules + start-up + end)")
+    print(f"# {'ranks':>6}  {'median':>9}  {'max':>9}  {'run total':>10}")
+    print(f"# {'':>6}  {'(ms)':>9}  {'(ms)':>9}  {'(s)':>10}")
+    for world in args.worlds:
+        durations = measure(world, args.syncs, checks)
+        median = statistics.median(durations)
+        print(f"  {world:>6}  {median * 1e3:>9.1f}  {max(durations) * 1e3:>9.1f}  {median * per_run:>10.2f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
