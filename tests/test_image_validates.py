@@ -26,7 +26,7 @@ def docker_run(reports, *args, flags=("--ipc=host",)):
 def test_the_suite_passes_inside_the_image_on_two_cpu_ranks(built, tmp_path):
     proc, report = docker_run(tmp_path / "reports", "validate", "--expect-gpus", "0", *QUICK)
     assert proc.returncode == EXIT_OK, proc.stdout[-5000:] + proc.stderr[-3000:]
-    assert report["verdict"] == "OK" and report["context"]["world_size"] == 2
+    assert report["verdict"] == "OK" and report["world"]["size"] == 2
     passed = {c["name"] for c in report["checks"] if c["outcome"] == "passed"}
     # Inside the image the pins are compared with /etc/stackproof/expected.json and the lock: they must run.
     assert {"pins::versions_match_the_promise", "pins::installed_packages_match_the_lock",

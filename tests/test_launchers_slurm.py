@@ -87,22 +87,6 @@ def test_explicit_master_and_torchrun_win():
     assert _adopt(**one_task) == one_task
 
 
-def test_worker_hands_its_settings_to_every_ranks_plugin(monkeypatch, tmp_path):
-    """Under srun/torchrun each rank parses its own command line: the plugin must see those settings."""
-    from stackproof.suite import worker
-    from stackproof.suite.config import CONFIG_ENV, ValidateConfig
-
-    settings = ValidateConfig(reports=str(tmp_path), timeout_s=42.0, inject_fault="allreduce-add-one")
-    seen = {}
-    monkeypatch.setenv(CONFIG_ENV, "")
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # keep the worker from setting NCCL_DEBUG_FILE for this process
-    monkeypatch.setattr(worker.pytest, "main", lambda args: seen.setdefault("config", os.environ.get(CONFIG_ENV)) and 0)
-    worker.run(settings)
-    assert ValidateConfig.from_env() == settings
-    assert json.loads(seen["config"])["inject_fault"] == "allreduce-add-one"
-
-
 # --- scripts/torchrun/validate.sh on this host (two "nodes" = two torchruns) --------------------------------
 
 TORCHRUN_SCRIPT = REPO / "scripts" / "torchrun" / "validate.sh"
@@ -139,7 +123,7 @@ def test_torchrun_wrapper_c10d_two_nodes(tmp_path):
     for node in nodes:
         assert node.returncode == 0, node.stdout[-5000:]
     report = json.loads((tmp_path / "reports" / "report.json").read_text())
-    assert report["verdict"] == "OK" and report["context"]["world_size"] == 2
+    assert report["verdict"] == "OK" and report["world"]["size"] == 2
 
 
 def test_torchrun_wrapper_missing_node_times_out(tmp_path):
@@ -150,12 +134,12 @@ def test_torchrun_wrapper_missing_node_times_out(tmp_path):
     (node,) = _torchrun_nodes(tmp_path, [env], *SUBSET, timeout=120)
     assert node.returncode == 4, node.stdout[-3000:]
     assert time.monotonic() - started < 60
-    assert "rendezvous timed out" in node.stdout
+    assert "the rendezvous did not complete" in node.stdout and "--rendezvous-timeout" in node.stdout
 
 
 def test_torchrun_wrapper_refuses_cpu_when_gpus_are_expected(tmp_path):
     (node,) = _torchrun_nodes(tmp_path, [{"EXPECT_GPUS": "8", "CUDA_VISIBLE_DEVICES": ""}], timeout=60)
-    assert node.returncode == 3 and "sees 0 GPU(s)" in node.stdout and "expected 8" in node.stdout
+    assert node.returncode == 3 and "no GPU visible" in node.stdout and "expected >= 8, found 0" in node.stdout
 
 
 @pytest.mark.parametrize("env", [{"NNODES": "2"}, {"NNODES": "two"}, {"NNODES": "2", "NODE_RANK": "2",
@@ -252,7 +236,7 @@ def test_sbatch_on_two_nodes_passes(slurm_cluster, tmp_path, launch):
         f"job {fields.get('JobId')}: {fields.get('JobState')} exit {fields.get('ExitCode')}\n{output[-6000:]}")
     report = json.loads((reports / "report.json").read_text())
     assert report["verdict"] == "OK" and report["exit_code"] == 0
-    assert report["context"]["world_size"] == 2
+    assert report["world"]["size"] == 2
     assert report["counts"]["passed"] > 0 and report["counts"]["failed"] == 0
     # One task on each node, rank 0 on the first: what Slurm placed, as each task saw it.
     assert _task_nodes(reports) == {0: "n1", 1: "n2"}
@@ -274,7 +258,7 @@ def test_srun_with_a_fault_on_rank_1_fails_and_names_it(slurm_cluster, tmp_path)
     assert proc.returncode == 1, f"srun exit {proc.returncode}, expected 1 (a check failed):\n{output[-6000:]}"
     report = json.loads((reports / "report.json").read_text())
     assert report["verdict"] == "FAILED" and report["exit_code"] == 1
-    assert report["context"]["world_size"] == 2
+    assert report["world"]["size"] == 2
     failed = [c for c in report["checks"] if c["outcome"] == "failed"]
     assert failed and all("rank(s) [1] of 2" in c["message"] for c in failed), failed[:2]
     assert any(c["name"].startswith("collectives::all_reduce") for c in failed)

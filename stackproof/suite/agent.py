@@ -12,12 +12,18 @@ from stackproof.suite import verdict
 
 
 def main(argv: list[str]) -> int:
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     reports, torchrun_args = Path(argv[0]), argv[1:]
     try:
         run(get_args_parser().parse_args(torchrun_args))
+    except (RendezvousError, DistError, TimeoutError) as err:  # some node never joined: nothing ran here
+        why = f"the rendezvous did not complete: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        report = verdict.settle(reports, launcher_exit=1, rendezvous=why)
+        return int(report.exit_code)
     except ChildFailedError as err:
         failures = [{"rank": rank, "local_rank": f.local_rank, "exitcode": f.exitcode, "pid": f.pid}
                     for rank, f in sorted(err.failures.items())]

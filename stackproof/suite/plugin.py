@@ -11,7 +11,6 @@ pytest's own terminal output goes to the rank's log; stdout carries only the con
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import sys
@@ -37,13 +36,19 @@ LAUNCHED_KEY = pytest.StashKey[bool]()
 PHASES_KEY = pytest.StashKey[list]()
 FIGURES_KEY = pytest.StashKey[dict]()
 PENDING_KEY = pytest.StashKey[list]()
+# The run's exit code, as every rank learns it from rank 0 at the end (srun takes the highest of its tasks').
+VERDICT_KEY = pytest.StashKey[int]()
 
 
 class Handover:
     """How the worker hands its objects to the plugin: the settings, the contract's stdout, who prints."""
 
-    def __init__(self, settings: ValidateConfig, stdout: IO[str], launched: bool):
+    def __init__(self, settings: ValidateConfig, stdout: IO[str] | None, launched: bool):
         self.settings, self.stdout, self.launched = settings, stdout, launched
+        self.verdict: int | None = None  # what the run ended with, as this rank learnt it
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.verdict = config.stash.get(VERDICT_KEY, None)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -272,11 +277,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                              "checks (Ctrl-C / SIGTERM)")
     if env.is_main:
         _finish(config, report)
+    config.stash[VERDICT_KEY] = int(report.exit_code)
     if env.world_size > 1 and not report.override:
-        # Nobody exits before rank 0 has written the verdict: under a bare torchrun a rank's non-zero exit
-        # makes torchrun stop the others.
-        with contextlib.suppress(RankTimeout):
-            env.barrier("writing the report")
+        # Nobody exits before rank 0 has written the verdict (under a bare torchrun a rank's non-zero exit makes
+        # torchrun stop the others), and every rank leaves knowing it.
+        try:
+            final = env.agree(None, "the verdict", lambda _values: {
+                "exit_code": int(report.exit_code), "message": report.message, "node": report.ranks[0]["node"]})
+        except RankTimeout:
+            final = {"exit_code": int(Exit.INCOMPLETE), "message": "rank 0 did not say the verdict", "node": "?"}
+        config.stash[VERDICT_KEY] = final["exit_code"]
+        reports = config.stash[SETTINGS_KEY].reports_dir
+        if env.local_rank == 0 and not env.is_main and not (reports / "report.json").exists():
+            # Another node, with a reports folder of its own: it gets the verdict too (a pod's /reports).
+            Report(override=(final["exit_code"], f"{final['message']} (the full report is in rank 0's reports "
+                                                 f"folder, on {final['node']})"), complete=True).write(reports)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -29,7 +29,7 @@ def prepare(reports_dir: Path) -> None:
 
 
 def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: list[dict[str, Any]] | None = None,
-           interrupted: str | None = None, timed_out_s: float | None = None) -> Report:
+           interrupted: str | None = None, timed_out_s: float | None = None, rendezvous: str | None = None) -> Report:
     report = Report.load(reports_dir) or Report()
     before = report.to_json()["exit_code"], report.override
     if report.complete:
@@ -40,6 +40,10 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
     elif timed_out_s is not None:
         report.override = (Exit.INCOMPLETE, f"the run exceeded --run-timeout {timed_out_s:.0f} s and was stopped; "
                                             f"rank logs: {reports_dir}/logs/")
+    elif rendezvous and not report.override:
+        report.override = (Exit.INCOMPLETE, f"{rendezvous}; every node must start the same command within "
+                                            "--rendezvous-timeout (a missing or late node, a wrong --master-addr "
+                                            "or --rdzv-endpoint)")
     elif failures and not report.override:
         died = "; ".join(f"{report.where(f['rank'])} exited with {_how(f['exitcode'])}" for f in failures)
         report.override = (Exit.INCOMPLETE, f"{died}, so the run stopped; its log: {reports_dir}/logs/")

@@ -68,20 +68,21 @@ def run(settings: ValidateConfig) -> int:
     launched = bool(os.environ.get(LAUNCHED_ENV))
     rank = int(os.environ.get("RANK", "0"))
     reports = settings.reports_dir
-    if not launched:  # a launcher has decided this already
-        import torch
+    import torch
 
-        no_gpu = no_gpu_verdict(settings, torch.cuda.device_count(), sys.stdout, write_report=rank == 0)
-        if no_gpu is not None:
-            return no_gpu
+    no_gpu = no_gpu_verdict(settings, torch.cuda.device_count(), sys.stdout, write_report=rank == 0)
+    if no_gpu is not None:
+        return no_gpu
     settings.check_world(world_size_from_env())
     _nccl_debug_to_file(reports)
     log = reports / "logs" / f"rank{rank}.log"
     suite = smoke_tests_dir()
     args = [str(suite), "-p", "no:cacheprovider", "-q", "--rootdir", str(suite), "-c", str(suite / "pytest.ini"),
             *(("-k", settings.select) if settings.select else ()), *settings.pytest_args]
+    handover = Handover(settings, None, launched)
     with _logged_to(log) as contract:
-        rc = pytest.main(args, plugins=[Handover(settings, contract, launched)])
+        handover.stdout = contract
+        rc = pytest.main(args, plugins=[handover])
     report = Report.load(reports) if rank == 0 else None
     if rc == pytest.ExitCode.USAGE_ERROR:
         raise ConfigError(f"pytest rejected its arguments {settings.pytest_args} (its words are in {log}); "
@@ -97,4 +98,4 @@ def run(settings: ValidateConfig) -> int:
         return Exit.INCOMPLETE
     if launched:
         return Exit.OK  # the checks ran: the verdict travels in report.json
-    return report.exit_code if report else Exit.OK
+    return Exit(handover.verdict if handover.verdict is not None else Exit.INCOMPLETE)
