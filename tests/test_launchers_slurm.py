@@ -193,11 +193,13 @@ def _job_fields(job_id: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-def _sbatch(tmp_path: Path, *validate_args: str, **env: str) -> tuple[dict[str, str], Path, str]:
-    """Submit validate.sbatch on 2 nodes x 1 task, wait for it; (scontrol's job fields, reports dir, output)."""
+def _sbatch(tmp_path: Path, *validate_args: str, tasks_per_node: int = 1,
+            **env: str) -> tuple[dict[str, str], Path, str]:
+    """Submit validate.sbatch on 2 nodes x `tasks_per_node` tasks, wait for it; (scontrol's job fields, reports
+    dir, output). More tasks than the host has cores share them (--overcommit)."""
     out = tmp_path / "slurm-%j.out"
-    cmd = ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--time=5", f"--output={out}",
-           f"--chdir={REPO}", str(SBATCH_SCRIPT), *validate_args]
+    cmd = ["sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={tasks_per_node}", "--overcommit", "--time=5",
+           f"--output={out}", f"--chdir={REPO}", str(SBATCH_SCRIPT), *validate_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=REPO,
                           env=_rank_env(STACKPROOF_REPORTS_ROOT=str(tmp_path), **env))
     assert proc.returncode == 0, f"sbatch failed: {proc.stderr}"
@@ -265,3 +267,30 @@ def test_srun_with_a_fault_on_rank_1_fails_and_names_it(slurm_cluster, tmp_path)
     # srun names the node of each task that exited non-zero: task 1 ran on n2, task 0 on n1.
     assert re.search(r"n2: task 1: Exited with exit code 1", output), output[-3000:]
     assert re.search(r"n1: task 0: Exited with exit code 1", output), output[-3000:]
+
+
+@pytest.mark.slurm
+def test_eight_ranks_on_two_nodes_and_a_fault_on_n2_is_named(slurm_cluster, tmp_path):
+    """A fleet in miniature: 4 ranks per node; the verdict of a fault on one rank of n2 names n2, the rank and
+    the check, in the node table and in report.json's per-node summary."""
+    started = time.monotonic()
+    fields, reports, output = _sbatch(tmp_path / "ok", *SUBSET, tasks_per_node=4)
+    print(f"8 ranks on 2 nodes, passing: {time.monotonic() - started:.1f} s wall")
+    assert fields["ExitCode"] == "0:0", output[-6000:]
+    report = json.loads((reports / "report.json").read_text())
+    assert report["verdict"] == "OK" and report["world"] == {"size": 8, "nodes": 2, "backend": "gloo",
+                                                             "local_world_size": 4}
+    assert {n["node"]: n["ranks"] for n in report["nodes"]} == {"n1": [0, 1, 2, 3], "n2": [4, 5, 6, 7]}
+    assert "# node" in output and "Verdict: OK" in output
+
+    fields, reports, output = _sbatch(tmp_path / "fault", *SUBSET, "-k", "all_reduce and sum-float32",
+                                      "--inject-fault", "allreduce-add-one", "--fault-rank", "6", tasks_per_node=4)
+    assert fields["ExitCode"] == "1:0", output[-6000:]
+    report = json.loads((reports / "report.json").read_text())
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert nodes["n1"]["verdict"] == "PASS" and nodes["n2"]["verdict"] == "FAIL"
+    assert nodes["n2"]["failed_checks"][0]["check"] == "collectives::all_reduce[sum-float32]"
+    assert nodes["n2"]["failed_checks"][0]["ranks"] == [6]
+    node_line = r"^  n2 +FAIL +4 .*collectives::all_reduce\[sum-float32\] \(rank 6\)"
+    assert re.search(node_line, output, re.M), output[-4000:]
+    assert "rank 6 on n2" in output
