@@ -81,6 +81,7 @@ def test_gpu_health(visible, report):
             problems.append(f"GPU {g.index} {g.uuid}: retired pages pending (needs a GPU reset)")
         if g.remapped_rows_failed:
             problems.append(f"GPU {g.index} {g.uuid}: row remapping failed (RMA candidate)")
+        problems += [f"GPU {g.index} {g.uuid}: {what}: n/a: {error}" for what, error in g.nvml_errors.items()]
     report.figure("nvlink_active", ",".join(str(g.nvlink_active) for g in visible))
     report.figure("ecc_uncorrected", ",".join("n/a" if g.ecc_uncorrected_volatile is None
                                                else str(g.ecc_uncorrected_volatile) for g in visible))
