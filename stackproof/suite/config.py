@@ -14,7 +14,8 @@ from pathlib import Path
 from stackproof.errors import ConfigError
 
 CONFIG_ENV = "STACKPROOF_CONFIG"
-FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash")
+# TEMP (per-gpu branch): "sdc" and "slow-gpu" added here until the lead's FAULTS has them.
+FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,9 +41,6 @@ class Gpu:
     memory_bus_width_bits: int | None = None
     max_memory_clock_mhz: int | None = None
     max_sm_clock_mhz: int | None = None
-    ecc_uncorrected_volatile: int | None = None
-    retired_pages_pending: bool | None = None
-    remapped_rows_failed: bool | None = None
     # NVML calls that failed with anything but NotSupported: {what was asked: "NVML error <text>"}. Each one is
     # a finding, never a silent pass (the field it was for stays None).
     nvml_errors: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -170,12 +167,6 @@ def read_gpu(nvml, index: int) -> Gpu:
     found.memory_bus_width_bits = ask("memory bus width", nvml.nvmlDeviceGetMemoryBusWidth)
     found.max_memory_clock_mhz = ask("max memory clock", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_MEM)
     found.max_sm_clock_mhz = ask("max SM clock", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM)
-    found.ecc_uncorrected_volatile = ask("volatile uncorrected ECC", nvml.nvmlDeviceGetTotalEccErrors,
-                                         nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
-    pending = ask("retired pages pending", nvml.nvmlDeviceGetRetiredPagesPendingStatus)
-    found.retired_pages_pending = None if pending is None else bool(pending)
-    remapped = ask("remapped rows", nvml.nvmlDeviceGetRemappedRows)  # (corrected, uncorrected, pending, failure)
-    found.remapped_rows_failed = None if remapped is None else bool(remapped[3])
     return found
 
 
