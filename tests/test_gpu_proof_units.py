@@ -228,6 +228,8 @@ def test_gemm_median_is_per_model():
     verdict = gpu_proof.below_median_by_model(entries, 0.10)
     assert [s["rank"] for s in verdict["slow"]] == [1]
     assert verdict["median"]["A100"] == 280e12 and verdict["slow"][0]["median"] == 595e12
+    failed = gpu_proof.below_median_by_model([{"model": "H200", "value": None}, *entries[:2]], 0.10)
+    assert [s["rank"] for s in failed["slow"]] == [2]  # a rank whose measurement failed neither votes nor counts
 
 
 def test_the_temporary_agree_hands_every_rank_the_json_of_decides_result():
@@ -350,3 +352,13 @@ def test_pcie_generation_is_judged_under_load_only():
     assert health.pcie_link_now(h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=Fails(
         pynvml.NVML_ERROR_TIMEOUT)), "h", errors) == (None, 16)
     assert errors == {"current PCIe generation": "NVML error Timeout"}
+
+
+def test_a_link_ramping_up_from_idle_is_not_downtrained_but_one_that_stays_low_is():
+    gpu = topology.read_gpu(h200_nvml(), 0)
+    answers = iter([1, 3, 5])
+    ramping = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=lambda: next(answers))
+    assert health.pcie_link_under_load(ramping, "h", {}, gpu, pause_s=0) == (5, 16)
+    stuck = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=4)
+    gen, width = health.pcie_link_under_load(stuck, "h", {}, gpu, pause_s=0)
+    assert health.pcie_under_load(gpu, gen, width).found == "gen4 x16 while copying (downtrained)"

@@ -9,6 +9,7 @@ remaps rows instead of retiring pages) and is no finding; any other NVML error i
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from stackproof.suite import topology
 
@@ -183,3 +184,15 @@ def pcie_link_now(nvml, handle, errors: dict[str, str]) -> tuple[int | None, int
     return (topology.optional(nvml, errors, "current PCIe generation", nvml.nvmlDeviceGetCurrPcieLinkGeneration,
                               handle),
             topology.optional(nvml, errors, "current PCIe width", nvml.nvmlDeviceGetCurrPcieLinkWidth, handle))
+
+
+def pcie_link_under_load(nvml, handle, errors: dict[str, str], gpu: topology.Gpu, tries: int = 5,
+                         pause_s: float = 0.01) -> tuple[int | None, int | None]:
+    """The link read while copies run: a link still ramping up from idle gets a few short pauses (the copies
+    queued behind this call last about 0.1 s) to reach its max before it counts as downtrained."""
+    for attempt in range(tries):
+        gen, width = pcie_link_now(nvml, handle, errors)
+        if gen is None or width is None or (gen >= gpu.pcie_gen and width >= gpu.pcie_width) or attempt == tries - 1:
+            return gen, width
+        time.sleep(pause_s)
+    return None, None
