@@ -164,7 +164,7 @@ def seconds_per_iteration(device: torch.device, step: Callable[[], object], warm
     return start.elapsed_time(end) / 1e3 / iters, seen
 
 
-def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup: int = 3, iters: int = 20) -> float:
+def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50) -> float:
     """Device-to-device copy bandwidth counting read + write (2 x nbytes per copy), as the HBM peak counts."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -182,11 +182,11 @@ def pinned_copy_bytes_per_s(device: torch.device, to_device: bool, nbytes: int =
     return nbytes / seconds, seen
 
 
-def gemm_flops_per_s(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16, warmup: int = 5,
-                     iters: int = 30, noisy_neighbour: bool = False,
+def gemm_flops_per_s(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16, warmup: int = 10,
+                     iters: int = 50, noisy_neighbour: bool = False,
                      during: Callable[[], object] | None = None) -> tuple[float, object]:
-    """Dense GEMM throughput, 2 n^3 FLOP per product. `noisy_neighbour` (the slow-gpu fault) queues as many
-    products again on a second stream first, so the timed ones share the SMs with them."""
+    """Dense GEMM throughput, 2 n^3 FLOP per product. `noisy_neighbour` (the slow-gpu fault) first queues twice
+    as many products on a second stream, so the timed ones share the SMs with them (about half the rate)."""
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
