@@ -142,9 +142,9 @@ def examine(nvml, handle, gpu: topology.Gpu) -> Checkup:
         bad = {link: count for link, count in per_link.items() if count}
         totals[name] = sum(bad.values())
         if bad:
-            finding(f"NVLink {name} errors", "0 since the driver loaded",
+            finding(f"NVLink {name} errors", "0 since the counters were last cleared",
                     ", ".join(f"link {link}: {count}" for link, count in bad.items()), "interconnect", "triage",
-                    "reset the GPU to clear the counters and rerun; errors that come back mean a bad NVLink "
+                    "reset the GPU (which clears the counters) and rerun; errors that come back mean a bad NVLink "
                     "(baseboard / NVSwitch tray): RMA")
     readings["nvlink_errors"] = ", ".join(f"{name}={total}" for name, total in totals.items()) if links else "n/a"
 
