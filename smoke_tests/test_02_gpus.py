@@ -67,18 +67,3 @@ def test_every_gpu_computes(dist_env, report):
                            f"CPU in {wrong} of {want.numel()} elements")
     report.figure("devices_checked", len(devices))
 
-
-def test_gpu_health(visible, report):
-    problems = []
-    for g in visible:
-        if g.ecc_uncorrected_volatile:
-            problems.append(f"GPU {g.index} {g.uuid}: {g.ecc_uncorrected_volatile} uncorrected ECC errors since boot")
-        if g.retired_pages_pending:
-            problems.append(f"GPU {g.index} {g.uuid}: retired pages pending (needs a GPU reset)")
-        if g.remapped_rows_failed:
-            problems.append(f"GPU {g.index} {g.uuid}: row remapping failed (RMA candidate)")
-    report.figure("nvlink_active", ",".join(str(g.nvlink_active) for g in visible))
-    report.figure("ecc_uncorrected", ",".join("n/a" if g.ecc_uncorrected_volatile is None
-                                               else str(g.ecc_uncorrected_volatile) for g in visible))
-    report.hint("drain the node and reset or replace the GPU named")
-    assert not problems, "; ".join(problems)

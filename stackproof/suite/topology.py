@@ -14,19 +14,36 @@ PCIE_GTPS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 PCIE_EFFICIENCY = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}
 
 
+def pcie_peak_gbps(gen: int, width: int) -> float:
+    """Peak unidirectional bandwidth of a PCIe link, GB/s (0 for an unknown generation).
+    Gen5 x16: 32 GT/s x 16 lanes x 128/130 / 8 = 63.0 GB/s."""
+    if gen not in PCIE_GTPS:
+        return 0.0
+    return PCIE_GTPS[gen] * width * PCIE_EFFICIENCY[gen] / 8
+
+
 @dataclasses.dataclass
 class Gpu:
     index: int
     name: str
     uuid: str
     memory_total_bytes: int
+    serial: str | None = None  # the board's serial number (what an RMA asks for)
+    pci_bus_id: str | None = None  # e.g. "00000000:18:00.0"
     nvlink_active: int = 0
     nvlink_speed_mbps: int = 0  # per link, per direction, as NVML reports it (MB/s)
+    # The most the link can train to with this GPU in this system, and what it runs at now. An idle GPU drops
+    # the generation to save power, so a current generation below the max means nothing unless read under load.
     pcie_gen: int = 0
     pcie_width: int = 0
-    ecc_uncorrected_volatile: int | None = None
-    retired_pages_pending: bool | None = None
-    remapped_rows_failed: bool | None = None
+    pcie_gen_current: int | None = None
+    pcie_width_current: int | None = None
+    memory_bus_width_bits: int | None = None
+    max_memory_clock_mhz: int | None = None
+    max_sm_clock_mhz: int | None = None
+    # NVML calls that failed with anything but NotSupported: {what was asked: "NVML error <text>"}. Each one is
+    # a finding, never a silent pass (the field it was for stays None).
+    nvml_errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def nvlink_gbps(self) -> float:
@@ -35,10 +52,8 @@ class Gpu:
 
     @property
     def pcie_gbps(self) -> float:
-        """Peak unidirectional PCIe bandwidth of this GPU's link, GB/s."""
-        if self.pcie_gen not in PCIE_GTPS:
-            return 0.0
-        return PCIE_GTPS[self.pcie_gen] * self.pcie_width * PCIE_EFFICIENCY[self.pcie_gen] / 8
+        """Peak unidirectional PCIe bandwidth of this GPU's link at its max generation and width, GB/s."""
+        return pcie_peak_gbps(self.pcie_gen, self.pcie_width)
 
 
 @dataclasses.dataclass
@@ -53,7 +68,8 @@ class NvmlUnavailable(RuntimeError):
 
 
 @contextlib.contextmanager
-def _nvml() -> Iterator[object]:
+def nvml_session() -> Iterator[object]:
+    """The pynvml module, initialised for the duration of the block. Raises NvmlUnavailable."""
     try:
         import pynvml
     except ImportError as err:
@@ -68,63 +84,99 @@ def _nvml() -> Iterator[object]:
         pynvml.nvmlShutdown()
 
 
-def _optional(call, *args):
-    """NVML answers NotSupported for fields a GPU lacks (ECC on consumer parts, NVLink on PCIe cards)."""
+def optional(nvml, errors: dict[str, str], what: str, call, *args):
+    """`call(*args)`, or None where NVML answers NotSupported: the GPU lacks the feature (ECC on consumer parts,
+    NVLink on PCIe cards, retired pages on GPUs that remap rows), which is not a fault. Any other NVML error
+    (no permission, GPU lost, timeout, ...) is recorded in `errors` under `what`, to be reported as a finding."""
     try:
         return call(*args)
-    except Exception:
+    except nvml.NVMLError_NotSupported:
+        return None
+    except nvml.NVMLError as err:
+        errors[what] = f"NVML error {err}"
         return None
 
 
-def _field(nvml, handle, field_id: int, scope: int | None = None) -> int | None:
+def _field(nvml, handle, errors: dict[str, str], field_id: int, scope: int | None = None) -> int | None:
     """One NVML field value as an int, whatever its value type; None when the GPU does not report it."""
     request = [(field_id, scope)] if scope is not None else [field_id]
-    values = _optional(nvml.nvmlDeviceGetFieldValues, handle, request)
-    if not values or values[0].nvmlReturn != nvml.NVML_SUCCESS:
+    values = optional(nvml, errors, f"field {field_id}", nvml.nvmlDeviceGetFieldValues, handle, request)
+    if not values or values[0].nvmlReturn == nvml.NVML_ERROR_NOT_SUPPORTED:
+        return None
+    if values[0].nvmlReturn != nvml.NVML_SUCCESS:
+        errors[f"field {field_id}"] = f"NVML error {nvml.NVMLError(values[0].nvmlReturn)}"
         return None
     member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
     return int(getattr(values[0].value, member.get(values[0].valueType, "uiVal")))
 
 
-def _nvlink_speed_mbps(nvml, handle) -> int:
+def _nvlink_speed_mbps(nvml, handle, errors: dict[str, str]) -> int:
     """Per-link NVLink speed (MB/s): the common speed of active links, else link 0's."""
     for field_id, scope in ((nvml.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON, None),
                             (getattr(nvml, "NVML_FI_DEV_NVLINK_GET_SPEED", None), 0),
                             (nvml.NVML_FI_DEV_NVLINK_SPEED_MBPS_L0, None)):
         if field_id is not None:
-            speed = _field(nvml, handle, field_id, scope)
+            speed = _field(nvml, handle, errors, field_id, scope)
             if speed:
                 return speed
     return 0
 
 
-def _gpu(nvml, index: int) -> Gpu:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    gpu = Gpu(index=index, name=nvml.nvmlDeviceGetName(handle), uuid=nvml.nvmlDeviceGetUUID(handle),
-              memory_total_bytes=nvml.nvmlDeviceGetMemoryInfo(handle).total)
+def nvlinks_up(nvml, handle, errors: dict[str, str]) -> list[int]:
+    """The NVLinks that are up, by link number. NVML_NVLINK_MAX_LINKS is the most any GPU has; NVML answers
+    InvalidArgument for a link number past this GPU's own count, which means no such link, not a fault."""
+    up = []
     for link in range(nvml.NVML_NVLINK_MAX_LINKS):
-        if _optional(nvml.nvmlDeviceGetNvLinkState, handle, link) == nvml.NVML_FEATURE_ENABLED:
-            gpu.nvlink_active += 1
-    if gpu.nvlink_active:
-        gpu.nvlink_speed_mbps = _nvlink_speed_mbps(nvml, handle)
-    gpu.pcie_gen = _optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle) or 0
-    gpu.pcie_width = _optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle) or 0
-    gpu.ecc_uncorrected_volatile = _optional(nvml.nvmlDeviceGetTotalEccErrors, handle,
-                                             nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
-    pending = _optional(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
-    gpu.retired_pages_pending = None if pending is None else bool(pending)
-    remapped = _optional(nvml.nvmlDeviceGetRemappedRows, handle)  # (corrected, uncorrected, pending, failure)
-    gpu.remapped_rows_failed = None if remapped is None else bool(remapped[3])
-    return gpu
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+            continue
+        except nvml.NVMLError as err:
+            errors[f"NVLink {link} state"] = f"NVML error {err}"
+            continue
+        if state == nvml.NVML_FEATURE_ENABLED:
+            up.append(link)
+    return up
+
+
+def _text(value: str | bytes | None) -> str | None:
+    """Older nvidia-ml-py releases hand back bytes for strings."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def read_gpu(nvml, index: int) -> Gpu:
+    """One GPU as NVML describes it, by NVML index (the handle lookups that must work are not optional)."""
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    found = Gpu(index=index, name=_text(nvml.nvmlDeviceGetName(handle)), uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                memory_total_bytes=nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    errors = found.nvml_errors
+
+    def ask(what, call, *args):
+        return optional(nvml, errors, what, call, handle, *args)
+
+    found.serial = _text(ask("serial", nvml.nvmlDeviceGetSerial))
+    pci = ask("PCI info", nvml.nvmlDeviceGetPciInfo)
+    found.pci_bus_id = None if pci is None else _text(pci.busId)
+    found.nvlink_active = len(nvlinks_up(nvml, handle, errors))
+    if found.nvlink_active:
+        found.nvlink_speed_mbps = _nvlink_speed_mbps(nvml, handle, errors)
+    found.pcie_gen = ask("max PCIe generation", nvml.nvmlDeviceGetMaxPcieLinkGeneration) or 0
+    found.pcie_width = ask("max PCIe width", nvml.nvmlDeviceGetMaxPcieLinkWidth) or 0
+    found.pcie_gen_current = ask("current PCIe generation", nvml.nvmlDeviceGetCurrPcieLinkGeneration)
+    found.pcie_width_current = ask("current PCIe width", nvml.nvmlDeviceGetCurrPcieLinkWidth)
+    found.memory_bus_width_bits = ask("memory bus width", nvml.nvmlDeviceGetMemoryBusWidth)
+    found.max_memory_clock_mhz = ask("max memory clock", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_MEM)
+    found.max_sm_clock_mhz = ask("max SM clock", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM)
+    return found
 
 
 def inventory() -> Inventory:
     """Every GPU NVML can see (a container sees only the GPUs it was given). Raises NvmlUnavailable."""
-    with _nvml() as nvml:
+    with nvml_session() as nvml:
         cuda = nvml.nvmlSystemGetCudaDriverVersion_v2()
         return Inventory(driver_version=str(nvml.nvmlSystemGetDriverVersion()),
                          cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
-                         gpus=[_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())])
+                         gpus=[read_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())])
 
 
 def visible(inv: Inventory, cuda_visible_devices: str | None) -> list[Gpu]:
@@ -169,6 +221,12 @@ def busbw_threshold(gpus: list[Gpu], num_nodes: int, fraction: float, override: 
         return Threshold(None, "not derived: NVML reports neither NVLink nor PCIe speed; pass --min-busbw")
     peak, link = min(links)
     return Threshold(round(fraction * peak, 1), f"{fraction:g} x {peak:.1f} GB/s peak ({link})")
+
+
+def by_uuid(inv: Inventory, uuid: str) -> Gpu | None:
+    """The GPU with this UUID, with or without NVML's "GPU-" prefix (torch prints it without)."""
+    want = uuid.removeprefix("GPU-")
+    return next((g for g in inv.gpus if g.uuid.removeprefix("GPU-") == want), None)
 
 
 def cuda_visible_devices() -> str | None:

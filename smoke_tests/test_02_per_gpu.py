@@ -1,0 +1,236 @@
+"""Per-GPU proof: each rank checks its own GPU (health history from NVML, silent data corruption, HBM, host <->
+device copies, GEMM throughput) against bars derived from NVML, with no collective inside a measurement. The
+ranks agree afterwards: on the odd digest out, and on the GPU below its model's median."""
+
+import dataclasses
+import functools
+import socket
+
+import pytest
+import torch
+
+from stackproof.suite import faults, gpu_proof, health, topology
+
+pytestmark = [pytest.mark.fast, pytest.mark.gpu]
+
+HOST = socket.gethostname()
+# Every GPU's figure goes into the check's line up to this many GPUs; all of them always go into report.json.
+FIGURES_PER_GPU_UP_TO = 8
+
+
+def _local(step):
+    """This rank's own work, with its exception held: it is raised once the ranks have met at the cross-rank
+    step that follows, so a rank failing alone never leaves the others waiting there."""
+    try:
+        return step(), None
+    except Exception as err:
+        return None, err
+
+
+def _read_own(device: torch.device) -> tuple[topology.Gpu, health.Checkup]:
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    try:
+        with topology.nvml_session() as nvml:
+            try:
+                handle = health.handle_of(nvml, uuid)
+            except nvml.NVMLError as err:
+                raise RuntimeError(f"{HOST} {device}: NVML has no GPU with torch's UUID {uuid} ({err})") from err
+            gpu = topology.read_gpu(nvml, nvml.nvmlDeviceGetIndex(handle))
+            return gpu, health.examine(nvml, handle, gpu)
+    except topology.NvmlUnavailable as err:
+        raise RuntimeError(f"{HOST} {device}: torch sees the GPU but NVML does not: {err}; fix: run the container "
+                           "with NVIDIA_DRIVER_CAPABILITIES including utility (stackproof images set compute,utility)"
+                           ) from err
+
+
+@pytest.fixture(scope="module")
+def own(dist_env):
+    """This rank's GPU as NVML sees it, found by the UUID torch gives its device, and its health checkup."""
+    mine, error = _local(lambda: _read_own(dist_env.device))
+    failed = dist_env.agree(error is not None, "reading each GPU through NVML",
+                            decide=lambda failures: [rank for rank, failure in enumerate(failures) if failure])
+    if error is not None:
+        pytest.fail(str(error))
+    if failed:
+        pytest.fail(f"rank(s) {failed} could not read their GPU through NVML (see their message)")
+    return mine
+
+
+@pytest.fixture(scope="module")
+def fractions(settings):
+    return gpu_proof.fractions(settings)
+
+
+def _where(gpu: topology.Gpu, device: torch.device) -> str:
+    return f"{HOST} GPU {gpu.index} ({device}, {gpu.uuid}, serial {gpu.serial or 'n/a'}, PCI {gpu.pci_bus_id or 'n/a'})"
+
+
+def _model(device: torch.device) -> str:
+    """GPUs whose GEMMs must agree bit for bit and run alike: same name and SM count (cuBLAS's guarantee)."""
+    props = torch.cuda.get_device_properties(device)
+    return f"{props.name} ({props.multi_processor_count} SMs)"
+
+
+def _classify(report, category: str, severity: str) -> None:
+    if hasattr(report, "classify"):  # TEMP until the report fixture has classify (the lead adds it)
+        report.classify(category, severity)
+
+
+def _every_gpu(report, dist_env, gpu: topology.Gpu, what: str, value: float, bar: gpu_proof.Bar, scale: float,
+               unit: str) -> None:
+    """Every rank's figure and bar, into rank 0's report (each rank measured alone; this runs after)."""
+    mine = {"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, "unit": unit,
+            "value": None if value is None else round(value / scale, 3),
+            "bar": None if bar.value is None else round(bar.value / scale, 3), "bar_source": bar.source}
+    rows = dist_env.agree(mine, f"the {what} figures", decide=lambda rows: rows)
+    report.table(f"per_gpu_{what}", rows)
+    if len(rows) <= FIGURES_PER_GPU_UP_TO:
+        for row in rows:
+            report.figure(f"{what}@{row['host']}:{row['gpu']}", "n/a" if row["value"] is None else row["value"], unit)
+    elif values := sorted(row["value"] for row in rows if row["value"] is not None):
+        report.figure(f"{what}_min", values[0], unit)
+        report.figure(f"{what}_max", values[-1], unit)
+    report.figure(f"{what}_bar", "none" if bar.value is None else round(bar.value / scale, 3), unit)
+
+
+def test_health_history(own, dist_env, report):
+    gpu, checkup = own
+    for name, value in checkup.readings.items():
+        report.figure(name, value)
+    report.table("per_gpu_health", dist_env.agree(
+        {"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, **checkup.readings,
+         "findings": [dataclasses.asdict(finding) for finding in checkup.findings]},
+        "the health readings", decide=lambda rows: rows))
+    _classify(report, *(health.worst(checkup.findings) or ("gpu-hardware", "triage")))
+    report.hint("act on each finding's fix; nvidia-smi -q on the host shows the same NVML records")
+    assert not checkup.findings, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, checkup.findings))
+
+
+def test_sdc_digest(own, dist_env, settings, report):
+    gpu = own[0]
+    _classify(report, "gpu-hardware", "isolate")
+    perturb = faults.active(settings, "sdc", dist_env.rank)
+    computed, error = _local(lambda: (gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb),
+                                      gpu_proof.digest_chain(dist_env.device, perturb=perturb)))
+    wrong, digest = computed or ({}, None)
+    model = _model(dist_env.device)
+    verdict = dist_env.agree({"model": model, "digest": digest, "exact": error is None and not any(wrong.values())},
+                             "the GEMM digests", decide=gpu_proof.odd_ones_out_by_model)
+    if error is not None:
+        raise error
+    odd = {entry["rank"]: entry for entry in verdict["odd"]}
+    report.figure("digest", digest[:16])
+    report.figure("exact_gemm_mismatches", sum(wrong.values()))
+    report.hint("drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named; "
+                "a GPU that computes wrong must not train")
+    where = _where(gpu, dist_env.device)
+    assert not any(wrong.values()), (
+        f"{where}: a GEMM on integers in {{-1, 0, 1}} (exact in every dtype) must equal the CPU's answer; "
+        f"found elements that differ: {wrong}")
+    if dist_env.rank in odd:
+        expected = odd[dist_env.rank]["expected"]
+        assert expected is not None, (
+            f"{where}: the {model} GPUs of this job disagree on the GEMM-chain digest and none has a majority "
+            f"(this GPU: {digest[:16]}); one of them computes wrong: rerun with a third GPU of the model")
+        raise AssertionError(f"{where}: GEMM-chain digest {digest[:16]}, expected {expected[:16]} like the other "
+                             f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
+
+
+def test_hbm_bandwidth(own, dist_env, fractions, report):
+    gpu = own[0]
+    _classify(report, "performance", "triage")
+    bar = gpu_proof.hbm_bar(gpu, fractions.hbm)
+    rate, error = _local(lambda: gpu_proof.device_copy_bytes_per_s(dist_env.device))
+    _every_gpu(report, dist_env, gpu, "hbm", rate, bar, 1e12, "TB/s")
+    if error is not None:
+        raise error
+    report.hint(bar.source if bar.value is None else
+                "check the clock-event reasons (health_history) and nvidia-smi -q -d PERFORMANCE,CLOCK on the GPU")
+    if bar.value is not None:
+        assert rate >= bar.value, (
+            f"{_where(gpu, dist_env.device)}: device-to-device copy {rate / 1e12:.2f} TB/s (read + write), "
+            f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
+
+
+def test_host_device_copies(own, dist_env, fractions, report):
+    gpu = own[0]
+    _classify(report, "interconnect", "triage")
+    bar = gpu_proof.pcie_bar(gpu, fractions.pcie)
+    errors: dict[str, str] = {}
+
+    def copies():
+        with topology.nvml_session() as nvml:
+            handle = health.handle_of(nvml, gpu.uuid)
+            # An idle link drops its generation to save power: read it while the copies run over it.
+            h2d, link = gpu_proof.pinned_copy_bytes_per_s(
+                dist_env.device, to_device=True, during=lambda: health.pcie_link_under_load(nvml, handle, errors, gpu))
+        d2h, _ = gpu_proof.pinned_copy_bytes_per_s(dist_env.device, to_device=False)
+        return h2d, d2h, link
+
+    # The GPUs of a node may share a PCIe switch's uplink: each measures in turn, so a bar on its own link holds.
+    measured, error = None, None
+    for turn in range(dist_env.local_world_size):
+        dist_env.barrier(f"host-device copies, turn of local rank {turn}")
+        if turn == dist_env.local_rank:
+            measured, error = _local(copies)
+    h2d, d2h, (gen, width) = measured or (None, None, (None, None))
+    _every_gpu(report, dist_env, gpu, "h2d", h2d, bar, 1e9, "GB/s")
+    _every_gpu(report, dist_env, gpu, "d2h", d2h, bar, 1e9, "GB/s")
+    if error is not None:
+        raise error
+    report.figure("pcie_under_load", f"gen{gen} x{width} (max gen{gpu.pcie_gen} x{gpu.pcie_width})")
+    report.hint("check the link (lspci -vv: LnkSta vs LnkCap), the slot's BIOS settings, and that the rank runs "
+                "on the GPU's NUMA node (nvidia-smi topo -m)")
+    where = _where(gpu, dist_env.device)
+    problems = [f"{what}: n/a: {nvml_error}" for what, nvml_error in errors.items()]
+    downtrained = health.pcie_under_load(gpu, gen, width)
+    if downtrained:
+        problems.append(f"PCIe link expected {downtrained.expected}, found {downtrained.found}")
+    if bar.value is not None:
+        problems += [f"pinned {name} copy {rate / 1e9:.1f} GB/s, expected >= {bar.value / 1e9:.1f} GB/s ({bar.source})"
+                     for name, rate in (("host-to-device", h2d), ("device-to-host", d2h)) if rate < bar.value]
+    assert not problems, f"{where}: " + "; ".join(problems)
+
+
+def test_gemm_throughput(own, dist_env, settings, fractions, report):
+    gpu = own[0]
+    _classify(report, "performance", "triage")
+    props = torch.cuda.get_device_properties(dist_env.device)
+    bar = gpu_proof.gemm_bar(props.multi_processor_count, gpu.max_sm_clock_mhz, (props.major, props.minor),
+                             fractions.gemm)
+    errors: dict[str, str] = {}
+
+    def gemm():
+        with topology.nvml_session() as nvml:
+            handle = health.handle_of(nvml, gpu.uuid)
+            # Why a GPU is slow, read while the GEMMs run: heat or power holding its clocks back.
+            flops, reasons = gpu_proof.gemm_flops_per_s(
+                dist_env.device, noisy_neighbour=faults.active(settings, "slow-gpu", dist_env.rank),
+                during=lambda: topology.optional(nvml, errors, "clock-event reasons",
+                                                 nvml.nvmlDeviceGetCurrentClocksEventReasons, handle))
+            return flops, reasons, [name for name, _ in health.clock_trouble(nvml, reasons)]
+
+    measured, error = _local(gemm)
+    flops, reasons, held_back = measured or (None, None, [])
+    model = _model(dist_env.device)
+    verdict = dist_env.agree({"model": model, "value": flops}, "the GEMM throughputs",
+                             decide=functools.partial(gpu_proof.below_median_by_model, tolerance=fractions.spread))
+    _every_gpu(report, dist_env, gpu, "gemm_bf16", flops, bar, 1e12, "TFLOP/s")
+    if error is not None:
+        raise error
+    slow = {entry["rank"]: entry for entry in verdict["slow"]}
+    report.figure("median", round(verdict["median"][model] / 1e12, 1), "TFLOP/s")
+    report.figure("clock_event_reasons_under_load", "n/a" if reasons is None else hex(reasons))
+    report.hint("check cooling, power and clocks on the GPU named (nvidia-smi -q -d PERFORMANCE,CLOCK,POWER), and "
+                "that nothing else runs on it (nvidia-smi)")
+    where = _where(gpu, dist_env.device)
+    why = f" (clocks held back: {', '.join(held_back)})" if held_back else ""
+    problems = [f"{what}: n/a: {nvml_error}" for what, nvml_error in errors.items()]
+    if bar.value is not None and flops < bar.value:
+        problems.append(f"bf16 GEMM 8192^3 {flops / 1e12:.0f} TFLOP/s, expected >= {bar.value / 1e12:.0f} TFLOP/s "
+                        f"({bar.source}){why}")
+    if dist_env.rank in slow:
+        median = slow[dist_env.rank]["median"]
+        problems.append(f"bf16 GEMM {flops / 1e12:.0f} TFLOP/s is more than {fractions.spread:.0%} below the median "
+                        f"{median / 1e12:.0f} TFLOP/s of the job's {model} GPUs{why}")
+    assert not problems, f"{where}: " + "; ".join(problems)

@@ -1,0 +1,268 @@
+"""Per-GPU proof: bars derived from NVML values (never a table of SKUs), the silent-data-corruption GEMM
+digest, measurements on one device timed with CUDA events, and the cross-rank decisions (the odd one out,
+the one below the median) that rank 0 takes on every rank's value."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import math
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from stackproof.suite import topology
+
+# Dense tensor-core FLOP per clock per SM for bf16 inputs (fp32 accumulate), by compute capability, from NVIDIA's
+# architecture whitepapers: A100 312 TFLOP/s = 108 SMs x 1410 MHz x 2048; H100 SXM 989.4 TFLOP/s = 132 SMs x
+# 1830 MHz x 4096; L40S 362 TFLOP/s = 142 SMs x 2520 MHz x 1024 (sm_86 likewise, at fp32 accumulate on the
+# professional parts). An architecture not listed gets no derived bar (only the median check across the job).
+DENSE_BF16_FLOP_PER_CLOCK_PER_SM = {(8, 0): 2048, (8, 6): 1024, (8, 9): 1024, (9, 0): 4096}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fractions:
+    """How much of each derived peak a GPU must reach, and how far below the job's median it may fall."""
+
+    hbm: float
+    pcie: float
+    gemm: float
+    spread: float
+
+
+def fractions(settings) -> Fractions:
+    # TEMP until ValidateConfig carries hbm_fraction, pcie_fraction, gemm_fraction and gpu_spread: then read
+    # them straight from settings here (the defaults live in config.py).
+    return Fractions(hbm=getattr(settings, "hbm_fraction", 0.7), pcie=getattr(settings, "pcie_fraction", 0.7),
+                     gemm=getattr(settings, "gemm_fraction", 0.6), spread=getattr(settings, "gpu_spread", 0.10))
+
+
+# --- Peaks derived from what NVML and the CUDA runtime report --------------------------------------------------
+
+def hbm_peak_bytes_per_s(bus_width_bits: int, mem_clock_mhz: int) -> float:
+    """Peak device-memory bandwidth: bus width in bytes x max memory clock x 2 (double data rate).
+    H200: 6016 bit / 8 x 3201 MHz x 2 = 4.81 TB/s (a device copy reaches about 4.25 TB/s counting read + write)."""
+    return bus_width_bits / 8 * mem_clock_mhz * 1e6 * 2
+
+
+def pcie_peak_bytes_per_s(gen: int, width: int) -> float:
+    """Peak one-way PCIe bandwidth: Gen5 x16 = 63.0 GB/s (pinned copies reach about 55 GB/s each way)."""
+    return topology.pcie_peak_gbps(gen, width) * topology.GB
+
+
+def gemm_peak_flops(sm_count: int, sm_clock_mhz: int, compute_capability: tuple[int, int]) -> float | None:
+    """Peak dense bf16 tensor-core FLOP/s: SMs x max SM clock x FLOP/clock/SM of the architecture; None for an
+    architecture without a known rate. H200: 132 x 1980 MHz x 4096 = 1070 TFLOP/s (8192^3 reaches 789-799)."""
+    per_sm = DENSE_BF16_FLOP_PER_CLOCK_PER_SM.get(tuple(compute_capability))
+    return None if per_sm is None else sm_count * sm_clock_mhz * 1e6 * per_sm
+
+
+@dataclasses.dataclass(frozen=True)
+class Bar:
+    value: float | None  # None: no bar could be derived (source says why)
+    source: str
+
+
+def hbm_bar(gpu: topology.Gpu, fraction: float) -> Bar:
+    if not gpu.memory_bus_width_bits or not gpu.max_memory_clock_mhz:
+        return Bar(None, "not derived: NVML reports no memory bus width or max memory clock")
+    peak = hbm_peak_bytes_per_s(gpu.memory_bus_width_bits, gpu.max_memory_clock_mhz)
+    return Bar(fraction * peak, f"{fraction:g} x {peak / 1e12:.2f} TB/s peak ({gpu.memory_bus_width_bits} bit x "
+                                f"{gpu.max_memory_clock_mhz} MHz x 2)")
+
+
+def pcie_bar(gpu: topology.Gpu, fraction: float) -> Bar:
+    peak = pcie_peak_bytes_per_s(gpu.pcie_gen, gpu.pcie_width)
+    if not peak:
+        return Bar(None, "not derived: NVML reports no PCIe generation or width")
+    return Bar(fraction * peak, f"{fraction:g} x {peak / 1e9:.1f} GB/s peak (PCIe gen{gpu.pcie_gen} x{gpu.pcie_width})")
+
+
+def gemm_bar(sm_count: int, sm_clock_mhz: int | None, compute_capability: tuple[int, int], fraction: float) -> Bar:
+    major, minor = compute_capability
+    if not sm_clock_mhz:
+        return Bar(None, "not derived: NVML reports no max SM clock")
+    peak = gemm_peak_flops(sm_count, sm_clock_mhz, compute_capability)
+    if peak is None:
+        return Bar(None, f"not derived: no dense bf16 FLOP/clock/SM known for sm_{major}{minor}")
+    per_sm = DENSE_BF16_FLOP_PER_CLOCK_PER_SM[(major, minor)]
+    return Bar(fraction * peak, f"{fraction:g} x {peak / 1e12:.0f} TFLOP/s peak ({sm_count} SMs x {sm_clock_mhz} MHz x "
+                                f"{per_sm} FLOP/clock/SM, sm_{major}{minor})")
+
+
+# --- Silent data corruption --------------------------------------------------------------------------------------
+
+def one_ulp_up(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy with element [0, 0] moved up by one unit in the last place (its bit pattern + 1)."""
+    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[tensor.dtype]
+    bumped = tensor.clone()
+    bumped.view(bits)[0, 0] += 1
+    return bumped
+
+
+DIGEST_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def digest_chain(device: torch.device, n: int = 2048, steps: int = 8, seed: int = 20260101,
+                 perturb: bool = False) -> str:
+    """sha256 of a chain of GEMMs (x <- tanh(x @ w), in bf16 and in fp32) from fixed-seed inputs made on the CPU.
+    cuBLAS gives bit-identical results on GPUs of the same architecture and SM count, so every GPU of one model
+    must produce the same digest; a GPU that computes wrong (silent data corruption) produces another.
+    `perturb` moves one input element by one ulp (the sdc fault)."""
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.randn(n, n, generator=generator)
+    weights = [torch.randn(n, n, generator=generator) / math.sqrt(n) for _ in range(steps)]
+    digest = hashlib.sha256()
+    for dtype in DIGEST_DTYPES:
+        x = start.to(dtype)
+        x = (one_ulp_up(x) if perturb else x).to(device)
+        for w in weights:
+            x = torch.tanh(x @ w.to(dtype).to(device))
+        digest.update(x.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def exact_gemm_mismatches(device: torch.device, m: int = 2048, k: int = 256, seed: int = 20260102,
+                          perturb: bool = False) -> dict[str, int]:
+    """Elements that differ from the exact answer, per dtype, of a GEMM on integers in {-1, 0, 1}: with k = 256
+    every partial sum is an integer of at most 256, exact in bf16 and fp32 whatever the order or precision of
+    the reduction, so the GPU's result must equal the CPU's bit for bit. This needs no other GPU to compare with,
+    so it names a bad GPU even in a job of two (where no digest has a majority)."""
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randint(-1, 2, (m, k), generator=generator).double()
+    b = torch.randint(-1, 2, (k, m), generator=generator).double()
+    a[0, 0] = 1.0  # a one-ulp move of a non-zero element changes the products it enters
+    want = a @ b
+    wrong = {}
+    for dtype in DIGEST_DTYPES:
+        left = one_ulp_up(a.to(dtype)) if perturb else a.to(dtype)
+        found = (left.to(device) @ b.to(dtype).to(device)).cpu()
+        wrong[str(dtype).removeprefix("torch.")] = int((found != want.to(dtype)).sum())
+    return wrong
+
+
+# --- Measurements on one device (CUDA events; no collective inside) ---------------------------------------------
+
+def seconds_per_iteration(device: torch.device, step: Callable[[], object], warmup: int, iters: int,
+                          during: Callable[[], object] | None = None) -> tuple[float, object]:
+    """GPU time of one `step`, from CUDA events around `iters` steps after `warmup` untimed ones. `during` is
+    called on the host once the timed steps are queued, while the GPU runs them (to read NVML under load); its
+    result is returned with the time."""
+    stream = torch.cuda.current_stream(device)
+    for _ in range(warmup):
+        step()
+    stream.synchronize()  # this stream only: work queued on others (the slow-gpu fault's) keeps running
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    for _ in range(iters):
+        step()
+    end.record(stream)
+    seen = during() if during is not None else None
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters, seen
+
+
+def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50) -> float:
+    """Device-to-device copy bandwidth counting read + write (2 x nbytes per copy), as the HBM peak counts."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds, _ = seconds_per_iteration(device, lambda: dst.copy_(src), warmup, iters)
+    return 2 * nbytes / seconds
+
+
+def pinned_copy_bytes_per_s(device: torch.device, to_device: bool, nbytes: int = 512 << 20, warmup: int = 2,
+                            iters: int = 10, during: Callable[[], object] | None = None) -> tuple[float, object]:
+    """Host <-> device bandwidth one way, from page-locked host memory (what DataLoader pin_memory uses)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst, src = (on_device, host) if to_device else (host, on_device)
+    seconds, seen = seconds_per_iteration(device, lambda: dst.copy_(src, non_blocking=True), warmup, iters, during)
+    return nbytes / seconds, seen
+
+
+def gemm_flops_per_s(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16, warmup: int = 10,
+                     iters: int = 50, noisy_neighbour: bool = False,
+                     during: Callable[[], object] | None = None) -> tuple[float, object]:
+    """Dense GEMM throughput, 2 n^3 FLOP per product. `noisy_neighbour` (the slow-gpu fault) first queues twice
+    as many products on a second stream, so the timed ones share the SMs with them (about half the rate)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+    out = torch.empty_like(a)
+    step = lambda: torch.matmul(a, b, out=out)  # noqa: E731
+    if noisy_neighbour:
+        for _ in range(warmup):
+            step()
+        torch.cuda.synchronize(device)
+        side, side_out = torch.cuda.Stream(device), torch.empty_like(a)
+        with torch.cuda.stream(side):
+            for _ in range(2 * iters):
+                torch.matmul(a, b, out=side_out)
+        warmup = 0  # done; warming up again would wait out the neighbour's queue
+    seconds, seen = seconds_per_iteration(device, step, warmup, iters, during)
+    torch.cuda.synchronize(device)  # the neighbour's work, if any, ends before its buffers go
+    return 2 * n**3 / seconds, seen
+
+
+# --- Cross-rank decisions (rank 0 takes them on every rank's value, in rank order) ------------------------------
+
+def majority(values: list, trusted: list[bool] | None = None) -> object | None:
+    """The value more trusted positions share than any other; None on a tie (no value can be trusted).
+    Every position votes when `trusted` is None or trusts none."""
+    voters = [v for v, ok in zip(values, trusted or [True] * len(values), strict=True) if ok] or values
+    ranked = collections.Counter(voters).most_common(2)
+    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]
+
+
+def odd_ones_out(values: list, trusted: list[bool] | None = None) -> list[int]:
+    """The positions whose value is not the majority's; every position when there is no majority (1 against 1)."""
+    reference = majority(values, trusted)
+    return [i for i, value in enumerate(values) if reference is None or value != reference]
+
+
+def below_median(values: list[float], tolerance: float) -> list[int]:
+    """The positions more than `tolerance` (a fraction) below the median of all."""
+    if not values:
+        return []
+    floor = (1 - tolerance) * statistics.median(values)
+    return [i for i, value in enumerate(values) if value < floor]
+
+
+def _by_model(entries: list[dict]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for rank, entry in enumerate(entries):
+        groups.setdefault(entry["model"], []).append(rank)
+    return groups
+
+
+def odd_ones_out_by_model(entries: list[dict]) -> dict:
+    """entries: every rank's {"model", "digest", "exact": bool}. Within each model, the ranks whose digest is not
+    the majority's; only ranks whose exact GEMM was right vote. Returns {"odd": [{"rank", "found", "expected"}],
+    "reference": {model: digest or None}} (expected None: no majority)."""
+    odd, reference = [], {}
+    for model, ranks in _by_model(entries).items():
+        digests = [entries[r]["digest"] for r in ranks]
+        trusted = [bool(entries[r].get("exact", True)) for r in ranks]
+        reference[model] = majority(digests, trusted)
+        odd += [{"rank": ranks[i], "found": digests[i], "expected": reference[model]}
+                for i in odd_ones_out(digests, trusted)]
+    return {"odd": sorted(odd, key=lambda o: o["rank"]), "reference": reference}
+
+
+def below_median_by_model(entries: list[dict], tolerance: float) -> dict:
+    """entries: every rank's {"model", "value"}. Within each model, the ranks more than `tolerance` below the
+    model's median. Returns {"slow": [{"rank", "found", "median"}], "median": {model: median}}. A rank without a
+    value (its measurement failed, and it says so itself) is left out."""
+    slow, medians = [], {}
+    for model, ranks in _by_model([e if e["value"] is not None else {**e, "model": None} for e in entries]).items():
+        if model is None:
+            continue
+        values = [entries[r]["value"] for r in ranks]
+        medians[model] = statistics.median(values)
+        slow += [{"rank": ranks[i], "found": values[i], "median": medians[model]}
+                 for i in below_median(values, tolerance)]
+    return {"slow": sorted(slow, key=lambda s: s["rank"]), "median": medians}

@@ -1,0 +1,364 @@
+"""Unit tests of the per-GPU proof tier: the peaks derived from NVML values (H200 as the known answer), the
+digest chain, the cross-rank decisions, and every NVML failure path of topology.py and health.py.
+
+NVML cannot run without an NVIDIA driver, so each NVML test hands in `FakeNvml`: the real nvidia-ml-py module's
+constants and exception classes, with one GPU's answers in place of the driver's."""
+
+import pynvml
+import pytest
+import torch
+
+from stackproof.suite import gpu_proof, health, topology
+
+
+class Fails:
+    """An answer that raises the real pynvml exception for an NVML return code."""
+
+    def __init__(self, code: int):
+        self.code = code
+
+
+class FakeNvml:
+    """pynvml with one GPU: `answers` maps an nvmlDevice* function to its value, to a function of the call's
+    arguments after the handle, or to Fails(code). Functions not answered say NotSupported, as NVML does for
+    features a GPU lacks."""
+
+    def __init__(self, **answers):
+        self.answers = answers
+
+    def __getattr__(self, name):
+        if not name.startswith("nvmlDevice"):
+            return getattr(pynvml, name)  # constants and exception classes: the real ones
+        answer = self.answers.get(name, Fails(pynvml.NVML_ERROR_NOT_SUPPORTED))
+
+        def call(handle=None, *args):
+            value = answer(*args) if callable(answer) else answer
+            if isinstance(value, Fails):
+                raise pynvml.NVMLError(value.code)
+            return value
+
+        return call
+
+
+class PciInfo:
+    busId = b"00000000:18:00.0"
+
+
+class Memory:
+    total = 141 * (1 << 30)
+
+
+H200_ANSWERS = {  # what NVML answered on an H200 (retired pages: NotSupported, the GPU remaps rows instead)
+    "nvmlDeviceGetHandleByIndex": "handle", "nvmlDeviceGetHandleByUUID": "handle",
+    "nvmlDeviceGetName": "NVIDIA H200", "nvmlDeviceGetUUID": "GPU-8c1d7f3a-0000-4000-8000-000000000001",
+    "nvmlDeviceGetMemoryInfo": Memory(), "nvmlDeviceGetSerial": "1654123456789", "nvmlDeviceGetPciInfo": PciInfo(),
+    "nvmlDeviceGetNvLinkState": lambda link: pynvml.NVML_FEATURE_ENABLED if link < 18 else Fails(
+        pynvml.NVML_ERROR_INVALID_ARGUMENT),
+    "nvmlDeviceGetMaxPcieLinkGeneration": 5, "nvmlDeviceGetMaxPcieLinkWidth": 16,
+    "nvmlDeviceGetCurrPcieLinkGeneration": 1, "nvmlDeviceGetCurrPcieLinkWidth": 16,
+    "nvmlDeviceGetMemoryBusWidth": 6016,
+    "nvmlDeviceGetMaxClockInfo": lambda clock: {pynvml.NVML_CLOCK_MEM: 3201, pynvml.NVML_CLOCK_SM: 1980}[clock],
+    "nvmlDeviceGetTotalEccErrors": lambda kind, counter: 0,
+    "nvmlDeviceGetRemappedRows": (0, 0, 0, 0),
+    "nvmlDeviceGetCurrentClocksEventReasons": pynvml.nvmlClocksEventReasonGpuIdle,
+    "nvmlDeviceGetNvLinkErrorCounter": lambda link, counter: 0,
+    "nvmlDeviceGetTemperature": lambda sensor: 31,
+    "nvmlDeviceGetTemperatureThreshold": lambda kind: {pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: 87}.get(
+        kind, Fails(pynvml.NVML_ERROR_NOT_SUPPORTED)),
+}
+
+
+def h200_nvml(**changes) -> FakeNvml:
+    return FakeNvml(**{**H200_ANSWERS, **changes})
+
+
+def test_inventory_reads_identity_and_the_values_the_bars_derive_from():
+    gpu = topology.read_gpu(h200_nvml(), 0)
+    assert (gpu.name, gpu.serial, gpu.pci_bus_id) == ("NVIDIA H200", "1654123456789", "00000000:18:00.0")
+    assert (gpu.memory_bus_width_bits, gpu.max_memory_clock_mhz, gpu.max_sm_clock_mhz) == (6016, 3201, 1980)
+    assert (gpu.pcie_gen, gpu.pcie_width, gpu.pcie_gen_current, gpu.pcie_width_current) == (5, 16, 1, 16)
+    assert gpu.nvlink_active == 18
+    # NotSupported is "not applicable": no value, and no finding.
+    assert gpu.nvlink_speed_mbps == 0
+    assert gpu.nvml_errors == {}
+    assert gpu.pcie_gbps == pytest.approx(63.0, abs=0.05)
+
+
+def test_inventory_reports_an_nvml_error_instead_of_swallowing_it():
+    nvml = h200_nvml(nvmlDeviceGetMemoryBusWidth=Fails(pynvml.NVML_ERROR_NO_PERMISSION),
+                     nvmlDeviceGetSerial=Fails(pynvml.NVML_ERROR_GPU_IS_LOST))
+    gpu = topology.read_gpu(nvml, 0)
+    assert gpu.memory_bus_width_bits is None and gpu.serial is None
+    assert gpu.nvml_errors == {"memory bus width": "NVML error Insufficient Permissions",
+                               "serial": "NVML error GPU is lost"}
+
+
+def test_nvlink_numbers_past_the_gpus_count_are_not_findings_but_a_failing_link_query_is():
+    errors = {}
+    assert topology.nvlinks_up(h200_nvml(), "h", errors) == list(range(18)) and errors == {}
+    lost = h200_nvml(nvmlDeviceGetNvLinkState=lambda link: Fails(pynvml.NVML_ERROR_GPU_IS_LOST) if link == 3 else 1)
+    assert 3 not in topology.nvlinks_up(lost, "h", errors)
+    assert errors == {"NVLink 3 state": "NVML error GPU is lost"}
+
+
+def test_a_field_value_that_fails_is_a_finding_and_not_supported_is_not():
+    class Value:
+        def __init__(self, ret):
+            self.nvmlReturn, self.valueType, self.value = ret, 1, None
+
+    errors = {}
+    absent = h200_nvml(nvmlDeviceGetFieldValues=[Value(pynvml.NVML_ERROR_NOT_SUPPORTED)])
+    assert topology._field(absent, "h", errors, 1) is None and errors == {}
+    bad = topology._field(h200_nvml(nvmlDeviceGetFieldValues=[Value(pynvml.NVML_ERROR_TIMEOUT)]), "h", errors, 1)
+    assert bad is None and errors == {"field 1": "NVML error Timeout"}
+
+
+def test_a_bug_in_the_caller_is_not_taken_for_a_missing_feature():
+    def broken(*args):
+        raise TypeError("wrong arguments")
+
+    with pytest.raises(TypeError):
+        topology.read_gpu(h200_nvml(nvmlDeviceGetMemoryBusWidth=broken), 0)
+
+
+def test_gpu_found_by_uuid_with_or_without_nvml_prefix():
+    inventory = topology.Inventory("580.1", "13.0", [topology.read_gpu(h200_nvml(), 0)])
+    assert topology.by_uuid(inventory, "8c1d7f3a-0000-4000-8000-000000000001").index == 0
+    assert topology.by_uuid(inventory, "GPU-8c1d7f3a-0000-4000-8000-000000000001").index == 0
+    assert topology.by_uuid(inventory, "GPU-ffffffff") is None
+
+
+# --- Bars derived from NVML values: H200 as the known answer -----------------------------------------------------
+
+def test_hbm_peak_from_bus_width_and_memory_clock():
+    assert gpu_proof.hbm_peak_bytes_per_s(6016, 3201) == pytest.approx(4.814e12, rel=1e-3)
+    # The 4.25 TB/s an H200 copy reaches is 0.88 of it: the 0.7 bar passes it and fails a GPU at 3.3 TB/s.
+    bar = gpu_proof.hbm_bar(topology.read_gpu(h200_nvml(), 0), 0.7)
+    assert bar.value == pytest.approx(3.37e12, rel=1e-3) and "6016 bit x 3201 MHz x 2" in bar.source
+    assert 3.3e12 < bar.value < 4.25e12
+
+
+def test_pcie_peak_from_generation_and_width():
+    assert gpu_proof.pcie_peak_bytes_per_s(5, 16) == pytest.approx(63.0e9, rel=1e-3)
+    assert gpu_proof.pcie_peak_bytes_per_s(4, 16) == pytest.approx(31.5e9, rel=1e-3)
+    bar = gpu_proof.pcie_bar(topology.read_gpu(h200_nvml(), 0), 0.7)
+    assert bar.value < 55e9 and "PCIe gen5 x16" in bar.source  # the 55 GB/s measured each way passes
+
+
+def test_gemm_peak_from_sm_count_clock_and_architecture():
+    assert gpu_proof.gemm_peak_flops(132, 1980, (9, 0)) == pytest.approx(1070.5e12, rel=1e-3)  # H200
+    assert gpu_proof.gemm_peak_flops(132, 1830, (9, 0)) == pytest.approx(989.4e12, rel=1e-3)  # H100 datasheet
+    assert gpu_proof.gemm_peak_flops(108, 1410, (8, 0)) == pytest.approx(312e12, rel=1e-3)  # A100 datasheet
+    bar = gpu_proof.gemm_bar(132, 1980, (9, 0), 0.6)
+    assert 600e12 < bar.value < 789e12 and "132 SMs x 1980 MHz x 4096" in bar.source
+
+
+def test_no_bar_is_derived_from_missing_values_and_the_reason_says_so():
+    bare = topology.Gpu(0, "GPU", "GPU-0", 0)
+    assert gpu_proof.hbm_bar(bare, 0.7).value is None and "memory bus width" in gpu_proof.hbm_bar(bare, 0.7).source
+    assert gpu_proof.pcie_bar(bare, 0.7).value is None
+    assert gpu_proof.gemm_bar(132, None, (9, 0), 0.6).value is None
+    unknown = gpu_proof.gemm_bar(148, 1965, (12, 1), 0.6)
+    assert unknown.value is None and "sm_121" in unknown.source
+
+
+def test_fractions_default_until_the_settings_carry_them():
+    from stackproof.suite.config import ValidateConfig
+
+    assert gpu_proof.fractions(ValidateConfig()) == gpu_proof.Fractions(hbm=0.7, pcie=0.7, gemm=0.6, spread=0.10)
+
+
+# --- Silent data corruption: the digest chain and the exact GEMM, on the CPU ---------------------------------------
+
+def test_digest_chain_is_deterministic_and_one_ulp_changes_it():
+    cpu = torch.device("cpu")
+    first = gpu_proof.digest_chain(cpu, n=128, steps=4)
+    assert gpu_proof.digest_chain(cpu, n=128, steps=4) == first
+    assert gpu_proof.digest_chain(cpu, n=128, steps=4, perturb=True) != first
+    assert gpu_proof.digest_chain(cpu, n=128, steps=4, seed=7) != first
+
+
+def test_one_ulp_moves_one_element_by_its_last_bit():
+    for dtype, ulp in ((torch.bfloat16, 2**-7), (torch.float32, 2**-23)):
+        ones = torch.ones(2, 2, dtype=dtype)
+        bumped = gpu_proof.one_ulp_up(ones)
+        assert bumped[0, 0].item() == 1 + ulp and torch.equal(bumped.flatten()[1:], ones.flatten()[1:])
+        assert torch.equal(ones, torch.ones(2, 2, dtype=dtype))  # the input is left alone
+
+
+def test_exact_gemm_is_exact_on_a_good_device_and_catches_one_ulp():
+    cpu = torch.device("cpu")
+    assert gpu_proof.exact_gemm_mismatches(cpu, m=256) == {"bfloat16": 0, "float32": 0}
+    # bf16 shows the one ulp (1 + 2**-7) in the outputs of magnitude below 2; in fp32 the ulp (2**-23) vanishes
+    # into partial sums above 2, which is why the fp32 chain of the digest is there.
+    assert gpu_proof.exact_gemm_mismatches(cpu, m=256, perturb=True)["bfloat16"] > 0
+
+
+# --- Cross-rank decisions ----------------------------------------------------------------------------------------
+
+def test_odd_ones_out_names_the_minority_and_everyone_on_a_tie():
+    assert gpu_proof.odd_ones_out(["a", "a", "b", "a"]) == [2]
+    assert gpu_proof.odd_ones_out(["a", "a"]) == []
+    assert gpu_proof.odd_ones_out(["a"]) == [] and gpu_proof.odd_ones_out([]) == []
+    assert gpu_proof.odd_ones_out(["a", "b"]) == [0, 1]  # two GPUs that disagree: no majority
+    assert gpu_proof.odd_ones_out(["a", "b"], trusted=[True, False]) == [1]  # the exact GEMM breaks the tie
+    assert gpu_proof.odd_ones_out(["a", "b"], trusted=[False, False]) == [0, 1]
+
+
+def test_below_median_names_the_slow_ones():
+    assert gpu_proof.below_median([790.0, 795.0, 600.0, 799.0], 0.10) == [2]
+    assert gpu_proof.below_median([790.0, 720.0, 799.0], 0.10) == []  # 720 is 8.9% below the median 790
+    assert gpu_proof.below_median([790.0, 395.0], 0.10) == [1]  # two GPUs: the median is their mean
+    assert gpu_proof.below_median([], 0.10) == []
+
+
+def test_digests_compare_only_within_a_model_and_say_what_was_expected():
+    entries = [{"model": "H200 (132 SMs)", "digest": "d1", "exact": True},
+               {"model": "H200 (132 SMs)", "digest": "d2", "exact": False},
+               {"model": "H100 (132 SMs)", "digest": "e1", "exact": True},
+               {"model": "H100 (132 SMs)", "digest": "e1", "exact": True}]
+    verdict = gpu_proof.odd_ones_out_by_model(entries)
+    assert verdict["odd"] == [{"rank": 1, "found": "d2", "expected": "d1"}]
+    assert verdict["reference"] == {"H200 (132 SMs)": "d1", "H100 (132 SMs)": "e1"}
+
+
+def test_gemm_median_is_per_model():
+    entries = [{"model": model, "value": value} for model, value in (
+        ("H200", 790e12), ("H200", 400e12), ("A100", 280e12), ("A100", 281e12), ("A100", 279e12))]
+    verdict = gpu_proof.below_median_by_model(entries, 0.10)
+    assert [s["rank"] for s in verdict["slow"]] == [1]
+    assert verdict["median"]["A100"] == 280e12 and verdict["slow"][0]["median"] == 595e12
+    failed = gpu_proof.below_median_by_model([{"model": "H200", "value": None}, *entries[:2]], 0.10)
+    assert [s["rank"] for s in failed["slow"]] == [2]  # a rank whose measurement failed neither votes nor counts
+
+
+def test_the_temporary_agree_hands_every_rank_the_json_of_decides_result():
+    from stackproof.suite import dist
+
+    class OneRankStore:
+        def __init__(self):
+            self.data = {}
+
+        def set(self, key, value):
+            self.data[key] = value
+
+        def wait(self, keys, timeout):
+            pass
+
+        def get(self, key):
+            return self.data[key]
+
+    env = dist.DistEnv(0, 1, 0, 1, "gloo", torch.device("cpu"), 5.0, OneRankStore())
+    assert env.agree({"model": "m", "digest": "x"}, "a test", gpu_proof.odd_ones_out_by_model) == {
+        "odd": [], "reference": {"m": "x"}}
+
+
+# --- Health history: every NVML path -----------------------------------------------------------------------------
+
+def checkup(**changes):
+    nvml = h200_nvml(**changes)
+    return health.examine(nvml, "handle", topology.read_gpu(nvml, 0))
+
+
+def only(findings):
+    assert len(findings) == 1, [str(f) for f in findings]
+    return findings[0]
+
+
+def test_a_healthy_h200_has_no_findings_even_at_idle_pcie_gen1():
+    result = checkup()
+    assert result.findings == []
+    assert result.readings["retired_pages_pending"] == "n/a"  # NotSupported: H200 remaps rows instead
+    assert result.readings["pcie"] == "gen1 x16 (max gen5 x16)"
+    assert result.readings["nvlink_errors"] == "CRC flit=0, CRC data=0, replay=0, recovery=0"
+    assert (result.readings["temperature_c"], result.readings["slowdown_c"]) == (31, 87)
+
+
+@pytest.mark.parametrize(("changes", "check", "category", "severity"), [
+    ({"nvmlDeviceGetRemappedRows": (0, 1, 1, 0)}, "row remapping", "gpu-hardware", "reset"),
+    ({"nvmlDeviceGetRemappedRows": (0, 9, 0, 1)}, "row remapping", "gpu-hardware", "isolate"),
+    ({"nvmlDeviceGetRetiredPagesPendingStatus": 1}, "page retirement", "gpu-hardware", "reset"),
+    ({"nvmlDeviceGetTotalEccErrors": lambda kind, counter: 3}, "uncorrected ECC", "gpu-hardware", "reset"),
+    ({"nvmlDeviceGetCurrentClocksEventReasons": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown},
+     "clock-event reasons", "gpu-hardware", "triage"),
+    ({"nvmlDeviceGetCurrPcieLinkWidth": 8}, "PCIe link width", "interconnect", "triage"),
+    ({"nvmlDeviceGetNvLinkErrorCounter": lambda link, counter: 5 if (link, counter) == (
+        7, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY) else 0}, "NVLink recovery errors", "interconnect", "triage"),
+    ({"nvmlDeviceGetTemperature": lambda sensor: 88}, "temperature", "gpu-hardware", "triage"),
+])
+def test_each_health_record_becomes_a_finding_naming_the_gpu(changes, check, category, severity):
+    finding = only(checkup(**changes).findings)
+    assert (finding.check, finding.category, finding.severity) == (check, category, severity)
+    text = str(finding)
+    assert text.startswith("GPU 0 GPU-8c1d7f3a-0000-4000-8000-000000000001: ") and "expected" in text
+    assert "fix: " in text and finding.action
+
+
+def test_chosen_clock_limits_are_not_trouble():
+    reasons = (pynvml.nvmlClocksEventReasonGpuIdle | pynvml.nvmlClocksEventReasonApplicationsClocksSetting
+               | pynvml.nvmlClocksEventReasonSwPowerCap)
+    assert checkup(nvmlDeviceGetCurrentClocksEventReasons=reasons).findings == []
+
+
+def test_nvlink_errors_name_the_links():
+    result = checkup(nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 2 if link in (3, 4) and counter == (
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT) else 0)
+    assert only(result.findings).found == "link 3: 2, link 4: 2"
+
+
+@pytest.mark.parametrize(("code", "category", "severity"), [
+    (pynvml.NVML_ERROR_GPU_IS_LOST, "gpu-hardware", "isolate"),
+    (pynvml.NVML_ERROR_CORRUPTED_INFOROM, "gpu-hardware", "isolate"),
+    (pynvml.NVML_ERROR_RESET_REQUIRED, "gpu-hardware", "reset"),
+    (pynvml.NVML_ERROR_NO_PERMISSION, "configuration", "triage"),
+    (pynvml.NVML_ERROR_UNKNOWN, "configuration", "triage"),
+])
+def test_an_nvml_error_is_a_finding_never_a_pass(code, category, severity):
+    finding = only(checkup(nvmlDeviceGetTotalEccErrors=Fails(code)).findings)
+    assert finding.check == "volatile uncorrected ECC" and finding.found == f"n/a: NVML error {pynvml.NVMLError(code)}"
+    assert (finding.category, finding.severity) == (category, severity)
+
+
+def test_nvml_errors_of_the_inventory_are_findings_too():
+    finding = only(checkup(nvmlDeviceGetMaxClockInfo=Fails(pynvml.NVML_ERROR_TIMEOUT)).findings[:1])
+    assert finding.check == "max memory clock" and finding.found == "n/a: NVML error Timeout"
+
+
+def test_not_supported_everywhere_is_no_finding():
+    """A GPU without ECC, row remapping, NVLink or thermal thresholds (a consumer part) has nothing to report."""
+    nvml = FakeNvml(**{name: H200_ANSWERS[name] for name in (
+        "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo")})
+    result = health.examine(nvml, "handle", topology.read_gpu(nvml, 0))
+    assert result.findings == [] and result.readings["nvlink_errors"] == "n/a"
+
+
+def test_the_worst_finding_sets_the_category_and_severity():
+    result = checkup(nvmlDeviceGetTemperature=lambda sensor: 90, nvmlDeviceGetRemappedRows=(0, 9, 0, 1))
+    assert health.worst(result.findings) == ("gpu-hardware", "isolate")
+    assert health.worst([]) is None
+    with pytest.raises(ValueError, match="severity"):
+        health.Finding(0, "GPU-0", "x", "a", "b", "gpu-hardware", "panic", "none")
+
+
+def test_pcie_generation_is_judged_under_load_only():
+    gpu = topology.read_gpu(h200_nvml(), 0)
+    assert health.pcie_under_load(gpu, 5, 16) is None
+    downtrained = health.pcie_under_load(gpu, 4, 16)
+    assert (downtrained.expected, downtrained.found) == ("gen5 x16", "gen4 x16 while copying (downtrained)")
+    assert health.pcie_under_load(gpu, 5, 8).category == "interconnect"
+    assert health.pcie_under_load(gpu, None, None) is None
+    errors = {}
+    assert health.pcie_link_now(h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=5), "h", errors) == (5, 16)
+    assert health.pcie_link_now(h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=Fails(
+        pynvml.NVML_ERROR_TIMEOUT)), "h", errors) == (None, 16)
+    assert errors == {"current PCIe generation": "NVML error Timeout"}
+
+
+def test_a_link_ramping_up_from_idle_is_not_downtrained_but_one_that_stays_low_is():
+    gpu = topology.read_gpu(h200_nvml(), 0)
+    answers = iter([1, 3, 5])
+    ramping = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=lambda: next(answers))
+    assert health.pcie_link_under_load(ramping, "h", {}, gpu, pause_s=0) == (5, 16)
+    stuck = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=4)
+    gen, width = health.pcie_link_under_load(stuck, "h", {}, gpu, pause_s=0)
+    assert health.pcie_under_load(gpu, gen, width).found == "gen4 x16 while copying (downtrained)"
