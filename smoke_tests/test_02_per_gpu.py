@@ -56,11 +56,6 @@ def own(dist_env):
     return mine
 
 
-@pytest.fixture(scope="module")
-def fractions(settings):
-    return gpu_proof.fractions(settings)
-
-
 def _where(gpu: topology.Gpu, device: torch.device) -> str:
     return f"{HOST} GPU {gpu.index} ({device}, {gpu.uuid}, serial {gpu.serial or 'n/a'}, PCI {gpu.pci_bus_id or 'n/a'})"
 
@@ -71,18 +66,16 @@ def _model(device: torch.device) -> str:
     return f"{props.name} ({props.multi_processor_count} SMs)"
 
 
-def _classify(report, category: str, severity: str) -> None:
-    if hasattr(report, "classify"):  # TEMP until the report fixture has classify (the lead adds it)
-        report.classify(category, severity)
-
-
 def _every_gpu(report, dist_env, gpu: topology.Gpu, what: str, value: float, bar: gpu_proof.Bar, scale: float,
                unit: str) -> None:
     """Every rank's figure and bar, into rank 0's report (each rank measured alone; this runs after)."""
     mine = {"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, "unit": unit,
             "value": None if value is None else round(value / scale, 3),
             "bar": None if bar.value is None else round(bar.value / scale, 3), "bar_source": bar.source}
-    rows = dist_env.agree(mine, f"the {what} figures", decide=lambda rows: rows)
+    rows = dist_env.gather(mine, f"the {what} figures")  # on rank 0; every rank's own figures reach it anyway
+    if rows is None:
+        report.figure(what, "n/a" if mine["value"] is None else mine["value"], unit)
+        return
     report.table(f"per_gpu_{what}", rows)
     if len(rows) <= FIGURES_PER_GPU_UP_TO:
         for row in rows:
@@ -97,18 +90,19 @@ def test_health_history(own, dist_env, report):
     gpu, checkup = own
     for name, value in checkup.readings.items():
         report.figure(name, value)
-    report.table("per_gpu_health", dist_env.agree(
-        {"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, **checkup.readings,
-         "findings": [dataclasses.asdict(finding) for finding in checkup.findings]},
-        "the health readings", decide=lambda rows: rows))
-    _classify(report, *(health.worst(checkup.findings) or ("gpu-hardware", "triage")))
+    rows = dist_env.gather({"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, **checkup.readings,
+                            "findings": [dataclasses.asdict(finding) for finding in checkup.findings]},
+                           "the health readings")
+    if rows is not None:
+        report.table("per_gpu_health", rows)
+    report.classify(*(health.worst(checkup.findings) or ("gpu-hardware", "triage")))
     report.hint("act on each finding's fix; nvidia-smi -q on the host shows the same NVML records")
     assert not checkup.findings, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, checkup.findings))
 
 
 def test_sdc_digest(own, dist_env, settings, report):
     gpu = own[0]
-    _classify(report, "gpu-hardware", "isolate")
+    report.classify("gpu-hardware", "isolate")
     perturb = faults.active(settings, "sdc", dist_env.rank)
     computed, error = _local(lambda: (gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb),
                                       gpu_proof.digest_chain(dist_env.device, perturb=perturb)))
@@ -136,10 +130,10 @@ def test_sdc_digest(own, dist_env, settings, report):
                              f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
-def test_hbm_bandwidth(own, dist_env, fractions, report):
+def test_hbm_bandwidth(own, dist_env, settings, report):
     gpu = own[0]
-    _classify(report, "performance", "triage")
-    bar = gpu_proof.hbm_bar(gpu, fractions.hbm)
+    report.classify("performance", "triage")
+    bar = gpu_proof.hbm_bar(gpu, settings.hbm_fraction)
     rate, error = _local(lambda: gpu_proof.device_copy_bytes_per_s(dist_env.device))
     _every_gpu(report, dist_env, gpu, "hbm", rate, bar, 1e12, "TB/s")
     if error is not None:
@@ -152,10 +146,10 @@ def test_hbm_bandwidth(own, dist_env, fractions, report):
             f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
 
 
-def test_host_device_copies(own, dist_env, fractions, report):
+def test_host_device_copies(own, dist_env, settings, report):
     gpu = own[0]
-    _classify(report, "interconnect", "triage")
-    bar = gpu_proof.pcie_bar(gpu, fractions.pcie)
+    report.classify("interconnect", "triage")
+    bar = gpu_proof.pcie_bar(gpu, settings.pcie_fraction)
     errors: dict[str, str] = {}
 
     def copies():
@@ -192,12 +186,12 @@ def test_host_device_copies(own, dist_env, fractions, report):
     assert not problems, f"{where}: " + "; ".join(problems)
 
 
-def test_gemm_throughput(own, dist_env, settings, fractions, report):
+def test_gemm_throughput(own, dist_env, settings, report):
     gpu = own[0]
-    _classify(report, "performance", "triage")
+    report.classify("performance", "triage")
     props = torch.cuda.get_device_properties(dist_env.device)
     bar = gpu_proof.gemm_bar(props.multi_processor_count, gpu.max_sm_clock_mhz, (props.major, props.minor),
-                             fractions.gemm)
+                             settings.gemm_fraction)
     errors: dict[str, str] = {}
 
     def gemm():
@@ -214,7 +208,7 @@ def test_gemm_throughput(own, dist_env, settings, fractions, report):
     flops, reasons, held_back = measured or (None, None, [])
     model = _model(dist_env.device)
     verdict = dist_env.agree({"model": model, "value": flops}, "the GEMM throughputs",
-                             decide=functools.partial(gpu_proof.below_median_by_model, tolerance=fractions.spread))
+                             decide=functools.partial(gpu_proof.below_median_by_model, tolerance=settings.gpu_spread))
     _every_gpu(report, dist_env, gpu, "gemm_bf16", flops, bar, 1e12, "TFLOP/s")
     if error is not None:
         raise error
@@ -231,6 +225,6 @@ def test_gemm_throughput(own, dist_env, settings, fractions, report):
                         f"({bar.source}){why}")
     if dist_env.rank in slow:
         median = slow[dist_env.rank]["median"]
-        problems.append(f"bf16 GEMM {flops / 1e12:.0f} TFLOP/s is more than {fractions.spread:.0%} below the median "
+        problems.append(f"bf16 GEMM {flops / 1e12:.0f} TFLOP/s is more than {settings.gpu_spread:.0%} below the median "
                         f"{median / 1e12:.0f} TFLOP/s of the job's {model} GPUs{why}")
     assert not problems, f"{where}: " + "; ".join(problems)

@@ -162,11 +162,6 @@ def test_no_bar_is_derived_from_missing_values_and_the_reason_says_so():
     assert unknown.value is None and "sm_121" in unknown.source
 
 
-def test_fractions_default_until_the_settings_carry_them():
-    from stackproof.suite.config import ValidateConfig
-
-    assert gpu_proof.fractions(ValidateConfig()) == gpu_proof.Fractions(hbm=0.7, pcie=0.7, gemm=0.6, spread=0.10)
-
 
 # --- Silent data corruption: the digest chain and the exact GEMM, on the CPU ---------------------------------------
 
@@ -230,27 +225,6 @@ def test_gemm_median_is_per_model():
     assert verdict["median"]["A100"] == 280e12 and verdict["slow"][0]["median"] == 595e12
     failed = gpu_proof.below_median_by_model([{"model": "H200", "value": None}, *entries[:2]], 0.10)
     assert [s["rank"] for s in failed["slow"]] == [2]  # a rank whose measurement failed neither votes nor counts
-
-
-def test_the_temporary_agree_hands_every_rank_the_json_of_decides_result():
-    from stackproof.suite import dist
-
-    class OneRankStore:
-        def __init__(self):
-            self.data = {}
-
-        def set(self, key, value):
-            self.data[key] = value
-
-        def wait(self, keys, timeout):
-            pass
-
-        def get(self, key):
-            return self.data[key]
-
-    env = dist.DistEnv(0, 1, 0, 1, "gloo", torch.device("cpu"), 5.0, OneRankStore())
-    assert env.agree({"model": "m", "digest": "x"}, "a test", gpu_proof.odd_ones_out_by_model) == {
-        "odd": [], "reference": {"m": "x"}}
 
 
 # --- Health history: every NVML path -----------------------------------------------------------------------------

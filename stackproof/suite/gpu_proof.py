@@ -22,23 +22,6 @@ from stackproof.suite import topology
 DENSE_BF16_FLOP_PER_CLOCK_PER_SM = {(8, 0): 2048, (8, 6): 1024, (8, 9): 1024, (9, 0): 4096}
 
 
-@dataclasses.dataclass(frozen=True)
-class Fractions:
-    """How much of each derived peak a GPU must reach, and how far below the job's median it may fall."""
-
-    hbm: float
-    pcie: float
-    gemm: float
-    spread: float
-
-
-def fractions(settings) -> Fractions:
-    # TEMP until ValidateConfig carries hbm_fraction, pcie_fraction, gemm_fraction and gpu_spread: then read
-    # them straight from settings here (the defaults live in config.py).
-    return Fractions(hbm=getattr(settings, "hbm_fraction", 0.7), pcie=getattr(settings, "pcie_fraction", 0.7),
-                     gemm=getattr(settings, "gemm_fraction", 0.6), spread=getattr(settings, "gpu_spread", 0.10))
-
-
 # --- Peaks derived from what NVML and the CUDA runtime report --------------------------------------------------
 
 def hbm_peak_bytes_per_s(bus_width_bits: int, mem_clock_mhz: int) -> float:

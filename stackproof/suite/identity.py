@@ -55,8 +55,8 @@ def _gpu(device_index: int) -> tuple[dict[str, Any] | None, str]:
     if device_index >= len(gpus):
         return {"index": device_index}, f"NVML shows {len(gpus)} visible GPU(s), this rank uses cuda:{device_index}"
     gpu = gpus[device_index]
-    return {"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid, "serial": getattr(gpu, "serial", None),
-            "pci_bus_id": getattr(gpu, "pci_bus_id", None)}, ""
+    return {"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid, "serial": gpu.serial,
+            "pci_bus_id": gpu.pci_bus_id}, ""
 
 
 def from_json(data: dict[str, Any]) -> RankIdentity:
