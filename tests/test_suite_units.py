@@ -300,7 +300,7 @@ def test_watchdog_tells_a_rank_waiting_in_a_collective_from_one_stalled_elsewher
         def multi_get(self, keys):
             return [b"null" for _ in keys]
 
-    env = dist.DistEnv(0, 1, SlowStore(), 5.0)
+    env = dist.DistEnv(0, 2, SlowStore(), 5.0)  # rank 0 of two: it waits for rank 1 in the store
     env.barrier("a test")
     waiting, where = seen["position"]
     assert waiting and where.startswith("dist.py:") and where.endswith("in _decide")
