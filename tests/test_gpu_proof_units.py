@@ -274,10 +274,14 @@ def test_chosen_clock_limits_are_not_trouble():
     assert checkup(nvmlDeviceGetCurrentClocksEventReasons=reasons).findings == []
 
 
-def test_nvlink_errors_name_the_links():
+def test_nvlink_replays_fail_naming_the_links_and_crc_counts_are_reported():
     result = checkup(nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 2 if link in (3, 4) and counter == (
-        pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT) else 0)
+        pynvml.NVML_NVLINK_ERROR_DL_REPLAY) else 0)
     assert only(result.findings).found == "link 3: 2, link 4: 2"
+    # As seen on a healthy H200: CRC data errors the link corrected itself, no replay or recovery.
+    crc = checkup(nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 510 if link == 2 and counter == (
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA) else 0)
+    assert crc.findings == [] and "CRC data=510" in crc.readings["nvlink_errors"]
 
 
 @pytest.mark.parametrize(("code", "category", "severity"), [

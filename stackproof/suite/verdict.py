@@ -5,11 +5,14 @@ scripts/slurm through `stackproof verdict`): report.json as rank 0 left it, plus
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import IO, Any
 
 from stackproof.errors import Exit
 from stackproof.suite.report import Report, stale_outputs
+
+STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGKILL)
 
 
 def prepare(reports_dir: Path) -> None:
@@ -45,7 +48,9 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
                                             "--rendezvous-timeout (a missing or late node, a wrong --master-addr "
                                             "or --rdzv-endpoint)")
     elif failures and not report.override:
-        died = "; ".join(f"{report.where(f['rank'])} exited with {_how(f['exitcode'])}" for f in failures)
+        # torchrun stops the others with SIGTERM once one fails: name the ranks that went first.
+        first = [f for f in failures if -f["exitcode"] not in STOPPED_BY_LAUNCHER] or failures
+        died = "; ".join(f"{report.where(f['rank'])} exited with {_how(f['exitcode'])}" for f in first)
         report.override = (Exit.INCOMPLETE, f"{died}, so the run stopped; its log: {reports_dir}/logs/")
     elif launcher_exit not in (None, 0) and not report.override:
         report.override = (Exit.INCOMPLETE, f"the launcher exited {launcher_exit} before rank 0 wrote a verdict (a "
@@ -59,8 +64,6 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
 
 def _how(exitcode: int) -> str:
     if exitcode < 0:
-        import signal
-
         try:
             return f"signal {signal.Signals(-exitcode).name}"
         except ValueError:
