@@ -140,12 +140,13 @@ def test_bad_input_is_exit_2_in_one_line(tmp_path, args, env, words):
 
 
 def _processes_with(marker: str) -> list[int]:
-    """PIDs whose environment mentions `marker` (each run's reports path is unique)."""
+    """PIDs whose command line mentions `marker` (each run's reports path is unique, and every process of a
+    run carries it: the launcher, torchrun's agent, the ranks)."""
     pids = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if marker.encode() in environ.read_bytes():
-                pids.append(int(environ.parent.name))
+            if marker.encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
         except OSError:
             continue
     return pids
