@@ -26,3 +26,11 @@ def test_readme_quickstart_names_the_default_validation_image():
     versioned = set(re.findall(r"stackproof/(?:validation|pytorch):\d[\w.-]*", readme))
     assert bake.validation_tag(image) in versioned
     assert versioned <= {bake.validation_tag(image), image.tag}, "a tag in the README is not the matrix default's"
+
+
+def test_readme_exit_codes_are_the_cli_exit_codes():
+    from stackproof.errors import Exit
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\d) \| (.+) \|$", readme, re.M)
+    assert rows == [(str(int(code)), code.meaning) for code in Exit]
