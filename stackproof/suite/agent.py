@@ -4,6 +4,8 @@ The launcher and scripts/torchrun start it; it records the failures in report.js
 
 from __future__ import annotations
 
+import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -13,13 +15,19 @@ from stackproof.suite import verdict
 
 def main(argv: list[str]) -> int:
     from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
+    # torchrun's own warnings and failure summaries: what they say, the verdict says with the rank's name.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     reports, torchrun_args = Path(argv[0]), argv[1:]
     try:
         run(get_args_parser().parse_args(torchrun_args))
+    except (SignalException, KeyboardInterrupt) as err:  # the launcher says "interrupted" in the verdict
+        signum = getattr(err, "sigval", signal.SIGINT)
+        return 128 + int(signum)
     except (RendezvousError, DistError, TimeoutError) as err:  # some node never joined: nothing ran here
         why = f"the rendezvous did not complete: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         report = verdict.settle(reports, launcher_exit=1, rendezvous=why)
