@@ -119,7 +119,8 @@ def _torchrun_nodes(tmp_path: Path, node_envs: list[dict[str, str]], *args: str,
 
 def test_torchrun_wrapper_c10d_two_nodes(tmp_path):
     endpoint = f"127.0.0.1:{_free_port()}"
-    nodes = _torchrun_nodes(tmp_path, [{"NNODES": "2", "RDZV_ENDPOINT": endpoint, "RDZV_ID": "t"}] * 2, *SUBSET)
+    nodes = _torchrun_nodes(tmp_path, [{"NNODES": "2", "RDZV_ENDPOINT": endpoint, "RDZV_ID": "t",
+                                        "NPROC_PER_NODE": "1"}] * 2, *SUBSET)
     for node in nodes:
         assert node.returncode == 0, node.stdout[-5000:]
     report = json.loads((tmp_path / "reports" / "report.json").read_text())

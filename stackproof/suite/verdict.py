@@ -35,7 +35,7 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
            interrupted: str | None = None, timed_out_s: float | None = None, rendezvous: str | None = None) -> Report:
     report = Report.load(reports_dir) or Report()
     before = report.to_json()["exit_code"], report.override
-    if report.complete:
+    if report.complete and not (interrupted and report.exit_code == Exit.INTERRUPTED):
         pass  # rank 0 wrote its verdict: what happened after that cannot change it
     elif interrupted:
         report.override = (Exit.INTERRUPTED, f"interrupted by {interrupted} after {len(report.checks)} of "
