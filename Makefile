@@ -145,9 +145,13 @@ sign: ## cosign-sign IMAGE's pushed images (COSIGN_KEY) and attach their Cyclone
 	$(need_registry)
 	$(SHIP) sign --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_KEY)" $(IMAGE_OPT)
 
+# VERIFY_REFERENCE=REGISTRY/pytorch@sha256:...: verify that reference instead of IMAGE's tags.
+VERIFY_REFERENCE ?=
+
 verify: ## cosign-verify IMAGE's tags in REGISTRY (signature + SBOM) with COSIGN_PUB; fails when unsigned/tampered
 	$(need_registry)
-	$(SHIP) verify --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_PUB)" $(IMAGE_OPT)
+	$(SHIP) verify --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_PUB)" $(IMAGE_OPT) \
+	    $(if $(VERIFY_REFERENCE),--reference "$(VERIFY_REFERENCE)")
 
 audit: ## pip-audit each lock of IMAGE (or ALL=1); STRICT=1 fails on any finding
 	$(SHIP) audit $(if $(ALL),--all,$(IMAGE_OPT)) $(if $(STRICT),--strict)

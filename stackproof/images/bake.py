@@ -176,7 +176,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
                         help="where to write the bake file (default: build/images.bake.json); '-' for stdout")
     parser.add_argument("--matrix", type=Path, default=MATRIX_PATH, help="the image matrix (default: %(default)s)")
-    parser.add_argument("--show", choices=sorted([*SHOW, "lab-tag"]), help="print this about --image instead of writing the file")
+    parser.add_argument("--show", choices=sorted([*SHOW, "lab-tag"]),
+                        help="print this about --image instead of writing the file (lab-tag: its lab image's tag)")
     parser.add_argument("--image", metavar="NAME", help="with --show: a matrix image (default: the matrix default)")
     parser.add_argument("--external-tag", metavar="BASE",
                         help="print the validation tag for an image outside the matrix (make build-validation)")

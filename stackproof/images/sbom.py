@@ -45,7 +45,7 @@ def requirements(image: Image, layer: str = "runtime") -> str:
     seen: set[str] = set()
     for path in lock_files(image, layer):
         entry = ""
-        for raw in path.read_text().splitlines() + [""]:
+        for raw in [*path.read_text().splitlines(), ""]:
             line = raw.strip()
             if line.startswith("#"):
                 continue
