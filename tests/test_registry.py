@@ -71,12 +71,19 @@ def keys(tmp_path_factory) -> dict[str, str]:
             "COSIGN_PASSWORD": ""}
 
 
+def _say(config: pytest.Config, line: str) -> None:
+    """Straight to the terminal, for CI's log: push and pull times, compressed size."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.write_line(line)
+
+
 def _make(*args: str, **env: str) -> subprocess.CompletedProcess:
     return make(*args, timeout=ship.PUSH_TIMEOUT_S, **env)
 
 
 @pytest.fixture(scope="session")
-def pushed(built, registry) -> dict[str, dict]:
+def pushed(built, registry, pytestconfig) -> dict[str, dict]:
     """`make push` of the default image: {local tag: {reference, repository, digest, tags, gb, seconds}}."""
     proc = _make("push", f"REGISTRY={registry}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -88,7 +95,7 @@ def pushed(built, registry) -> dict[str, dict]:
             local = RUNTIME_TAG if repository.endswith("/pytorch") else VALIDATION_TAG
             found[local] = {"repository": repository, "digest": digest, "reference": f"{repository}@{digest}",
                             "tags": [readable, immutable], "gb": float(gb), "seconds": float(seconds)}
-            print(f"\n# {line}")
+            _say(pytestconfig, f"\n# {line}")
     assert set(found) == {RUNTIME_TAG, VALIDATION_TAG}, proc.stdout
     return found
 
@@ -179,7 +186,7 @@ def test_verify_fails_for_an_unsigned_image(pushed, registry, keys):
     assert "no signatures found" in proc.stderr or "no matching signatures" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_pull_by_digest_and_validate_the_pulled_copy_on_cpu(pushed, signed, tmp_path):
+def test_pull_by_digest_and_validate_the_pulled_copy_on_cpu(pushed, signed, tmp_path, pytestconfig):
     """Last: the local copies go, the image comes back by digest, and its validation passes on two CPU ranks."""
     validation = pushed[VALIDATION_TAG]
     for local, item in pushed.items():
@@ -190,8 +197,8 @@ def test_pull_by_digest_and_validate_the_pulled_copy_on_cpu(pushed, signed, tmp_
     pull = subprocess.run(["docker", "pull", validation["reference"]], capture_output=True, text=True, timeout=1800)
     seconds = time.monotonic() - started
     assert pull.returncode == 0, pull.stderr[-3000:]
-    print(f"\n# pulled {validation['reference']} in {seconds:.1f} s "
-          f"({pull.stdout.count('Pull complete')} layers downloaded, {pull.stdout.count('Already exists')} present)")
+    _say(pytestconfig, f"\n# pulled {validation['reference']} in {seconds:.1f} s ({pull.stdout.count('Pull complete')} "
+                       f"layers downloaded, {pull.stdout.count('Already exists')} already present in another image)")
     try:
         reports = tmp_path / "reports"
         reports.mkdir(mode=0o777)
