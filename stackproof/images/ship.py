@@ -183,7 +183,7 @@ def verify(reference: str, public_key: Path) -> dict:
     return {"reference": reference, "attestations": len([line for line in out.splitlines() if line.strip()])}
 
 
-def audit(image: Image, strict: bool, output_dir: Path) -> list[dict]:
+def audit(image: Image, output_dir: Path) -> list[dict]:
     """pip-audit over each lock of `image`: the findings, one dict per vulnerable package (printed by the caller)."""
     findings = []
     paths = [image.lock_path] + ([VALIDATION_LOCK] if image.flavor != "lab" else [])
@@ -196,7 +196,14 @@ def audit(image: Image, strict: bool, output_dir: Path) -> list[dict]:
         if not report.exists():
             raise ShipError(f"audit {path.name}: pip-audit wrote no report (exit {proc.returncode}): "
                             f"{proc.stderr.strip()[-2000:]}\nfix: pip install pip-audit (make dev); it needs PyPI")
-        for dependency in json.loads(report.read_text()).get("dependencies", []):
+        dependencies = json.loads(report.read_text()).get("dependencies", [])
+        # A package pip-audit could not look up is not a pass: the audit itself failed for it.
+        skipped = [d for d in dependencies if d.get("skip_reason")]
+        if skipped:
+            raise ShipError(f"audit {path.name}: pip-audit could not audit {len(skipped)} of {len(dependencies)} "
+                            f"packages, e.g. {skipped[0]['skip_reason']!r}; fix: pip-audit reads PyPI's JSON API "
+                            "(/pypi/<name>/<version>/json) for vulnerabilities: let this host reach it")
+        for dependency in dependencies:
             for vuln in dependency.get("vulns", []):
                 findings.append({"lock": path.name, "package": dependency["name"],
                                  "version": dependency["version"], "id": vuln["id"],
@@ -262,7 +269,7 @@ def _audit(images: list[Image], args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         output = args.output_dir or Path(scratch)
         output.mkdir(parents=True, exist_ok=True)
-        findings = [f for image in images for f in audit(image, args.strict, output)]
+        findings = [f for image in images for f in audit(image, output)]
     unique = {(f["lock"], f["package"], f["id"]): f for f in findings}.values()
     for finding in unique:
         fixed = ", ".join(finding["fixed_in"]) or "no fixed version yet"
