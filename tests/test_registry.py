@@ -73,9 +73,9 @@ def keys(tmp_path_factory) -> dict[str, str]:
 
 def _say(config: pytest.Config, line: str) -> None:
     """Straight to the terminal, for CI's log: push and pull times, compressed size."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter:
-        reporter.write_line(line)
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(line, flush=True)
 
 
 def _make(*args: str, **env: str) -> subprocess.CompletedProcess:

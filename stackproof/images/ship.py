@@ -173,8 +173,8 @@ def sign(item: Shipped, key: Path, key_password: str | None = None) -> dict:
 
 def verify(reference: str, public_key: Path) -> dict:
     """cosign verify (signature) and verify-attestation (SBOM) of a tag or digest, offline (no tlog)."""
-    fix = (f"{reference} is not signed with this key, or the tag now names another image (tampered or re-pushed):"
-           " pull by the digest that make push printed, or re-run make sign")
+    fix = (f"{reference} was not pushed (make push), is not signed with this key (make sign), or the tag now names "
+           "another image (tampered or re-pushed): pull by the digest that make push printed")
     _run(f"verify the signature of {reference}", ["cosign", "verify", "--key", str(public_key),
                                                   "--insecure-ignore-tlog=true", "--output", "json", reference], fix)
     out = _run(f"verify the SBOM attestation of {reference}",
