@@ -123,7 +123,8 @@ REGISTRY ?=
 # cosign key pair (cosign generate-key-pair); the private key's password comes from COSIGN_PASSWORD.
 COSIGN_KEY ?= cosign.key
 COSIGN_PUB ?= cosign.pub
-# make audit STRICT=1 fails on any finding; otherwise findings are reported only.
+# make audit STRICT=1 fails on any finding (otherwise they are reported only); ALL=1 audits every lock.
+ALL ?=
 STRICT ?=
 # make lab: the host folder mounted as the notebook workspace, and the host port of JupyterLab.
 WORKSPACE ?= $(CURDIR)
@@ -160,5 +161,6 @@ lab: ## run the lab image of IMAGE (make build IMAGE=<lab entry> first) on the G
 	tag=$(call show,lab-tag); \
 	token=$${JUPYTER_TOKEN:-$$($(PYTHON) -c 'import secrets; print(secrets.token_hex(24))')}; \
 	echo "lab: http://127.0.0.1:$(LAB_PORT)/lab?token=$$token  (workspace $(WORKSPACE) at /home/stackproof/work)"; \
-	JUPYTER_TOKEN="$$token" $(DOCKER) run --rm -it $(GPU_FLAGS) $(RUN_FLAGS) -e JUPYTER_TOKEN \
+	tty=$$([ -t 0 ] && echo --interactive --tty || true); \
+	JUPYTER_TOKEN="$$token" $(DOCKER) run --rm $$tty $(GPU_FLAGS) $(RUN_FLAGS) -e JUPYTER_TOKEN \
 	    -p "127.0.0.1:$(LAB_PORT):8888" -v "$(WORKSPACE):/home/stackproof/work" "$$tag"

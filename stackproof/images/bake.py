@@ -115,7 +115,8 @@ def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
     }
     targets[image.name + VALIDATION_SUFFIX] = {
         "inherits": ["_validation"],
-        "contexts": {"runtime": f"target:{image.name}", **wheelhouse("validation")},
+        "contexts": {"runtime": f"target:{image.name}", "sbom": _relative(sbom.context_dir(image, "validation")),
+                     **wheelhouse("validation")},
         "tags": [validation_tag(image)],
     }
     return targets
@@ -198,8 +199,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         path = write(matrix, args.output)
-        for image in matrix.images:  # the SBOM each image bakes in: regenerated when its lock changes
-            sbom.ensure(image)
+        for image in matrix.images:  # the SBOMs the images bake in: remade only when their locks change
+            for layer in ("runtime",) if image.flavor == "lab" else ("runtime", "validation"):
+                sbom.ensure(image, layer)
         print(f"wrote {_relative(path)}: {len(matrix.images)} images, default {matrix.default!r}", file=sys.stderr)
     return 0
 
