@@ -1,7 +1,7 @@
 """CycloneDX SBOMs of the images' Python packages, made by cyclonedx-py from the locks the images install.
 
-The runtime and lab images bake theirs at /etc/stackproof/sbom.cdx.json (named context 'sbom' of the bake
-file); `make sign` attaches each pushed image's SBOM to it in the registry as a signed attestation.
+Every runtime, validation and lab image bakes its own at /etc/stackproof/sbom.cdx.json (named context 'sbom' of
+the bake file); `make sign` attaches each pushed image's SBOM to it in the registry as a signed attestation.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from stackproof.images.matrix import REPO_ROOT, Image
 
 SBOM_DIR = REPO_ROOT / "build" / "sbom"
 SBOM_FILE = "sbom.cdx.json"
-# Where the images carry it (docker/runtime and docker/lab COPY it there).
+# Where the images carry it (docker/runtime, docker/validation and docker/lab COPY it there).
 IMAGE_PATH = "/etc/stackproof/sbom.cdx.json"
 CYCLONEDX_TIMEOUT_S = 300
 
