@@ -32,8 +32,8 @@ def test_push_plan_maps_local_tags_to_the_registry_with_readable_and_immutable_t
 
 
 def test_a_lab_image_ships_as_one_image():
-    (item,) = ship.plan(LAB, "registry.example/ml", REVISION + "-dirty")
-    assert item.tags[0] == f"registry.example/ml/pytorch:{LAB.tag.split(':', 1)[1]}"
+    (item,) = ship.plan(LAB, "host/ml", REVISION + "-dirty")
+    assert item.tags[0] == f"host/ml/pytorch:{LAB.tag.split(':', 1)[1]}"
     assert item.immutable.endswith("-git.0123456789ab-dirty")
 
 

@@ -3,16 +3,18 @@
 # Debian's docker-registry (the CNCF distribution registry), skopeo and cosign.
 # Idempotent: a second run finds the registry answering on its port and returns.
 #
-# Usage: scripts/ci/registry.sh            # listens on 127.0.0.1:${REGISTRY_PORT:-5000}, prints host:port
-# Env:   REGISTRY_PORT (default 5000), REGISTRY_DIR (default /var/lib/stackproof-registry: storage, config, log),
-#        REGISTRY_WAIT_S (default 30) how long to wait for it to answer.
+# Usage: scripts/ci/registry.sh     # listens on 127.0.0.1:${STACKPROOF_REGISTRY_PORT:-5000}, prints host:port
+# Env:   STACKPROOF_REGISTRY_PORT (default 5000);
+#        STACKPROOF_REGISTRY_DIR (default /var/lib/stackproof-registry): storage, config and log;
+#        STACKPROOF_REGISTRY_WAIT_S (default 30): how long to wait for it to answer.
+# (Not REGISTRY_*: the registry reads those as overrides of its own configuration.)
 # Plain HTTP on loopback only: docker, skopeo (--tls-verify=false) and cosign treat localhost as insecure.
 set -euo pipefail
 
-REGISTRY_PORT="${REGISTRY_PORT:-5000}"
-REGISTRY_DIR="${REGISTRY_DIR:-/var/lib/stackproof-registry}"
-REGISTRY_WAIT_S="${REGISTRY_WAIT_S:-30}"
-address="127.0.0.1:${REGISTRY_PORT}"
+STACKPROOF_REGISTRY_PORT="${STACKPROOF_REGISTRY_PORT:-5000}"
+STACKPROOF_REGISTRY_DIR="${STACKPROOF_REGISTRY_DIR:-/var/lib/stackproof-registry}"
+STACKPROOF_REGISTRY_WAIT_S="${STACKPROOF_REGISTRY_WAIT_S:-30}"
+address="127.0.0.1:${STACKPROOF_REGISTRY_PORT}"
 
 log() { printf 'registry: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -41,27 +43,27 @@ if answers; then
     exit 0
 fi
 
-mkdir -p "$REGISTRY_DIR/storage"
+mkdir -p "$STACKPROOF_REGISTRY_DIR/storage"
 # No auth, deletes allowed (tests delete what they push), bound to loopback only.
-cat >"$REGISTRY_DIR/config.yml" <<CONFIG
+cat >"$STACKPROOF_REGISTRY_DIR/config.yml" <<CONFIG
 version: 0.1
 log:
   level: warn
 storage:
   filesystem:
-    rootdirectory: ${REGISTRY_DIR}/storage
+    rootdirectory: ${STACKPROOF_REGISTRY_DIR}/storage
   delete:
     enabled: true
 http:
   addr: ${address}
 CONFIG
-log "starting docker-registry on ${address} (log: ${REGISTRY_DIR}/registry.log)"
-nohup docker-registry serve "$REGISTRY_DIR/config.yml" >"$REGISTRY_DIR/registry.log" 2>&1 &
-deadline=$((SECONDS + REGISTRY_WAIT_S))
+log "starting docker-registry on ${address} (log: ${STACKPROOF_REGISTRY_DIR}/registry.log)"
+nohup docker-registry serve "$STACKPROOF_REGISTRY_DIR/config.yml" >"$STACKPROOF_REGISTRY_DIR/registry.log" 2>&1 &
+deadline=$((SECONDS + STACKPROOF_REGISTRY_WAIT_S))
 until answers; do
     if [ "$SECONDS" -ge "$deadline" ]; then
-        tail -n 20 "$REGISTRY_DIR/registry.log" >&2 || true
-        die "docker-registry did not answer on http://${address}/v2/ within ${REGISTRY_WAIT_S}s (log above); is the port taken? set REGISTRY_PORT"
+        tail -n 20 "$STACKPROOF_REGISTRY_DIR/registry.log" >&2 || true
+        die "docker-registry did not answer on http://${address}/v2/ within ${STACKPROOF_REGISTRY_WAIT_S}s (log above); is the port taken? set STACKPROOF_REGISTRY_PORT"
     fi
     sleep 0.5
 done
