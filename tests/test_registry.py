@@ -10,6 +10,7 @@ Everything is pushed under a fresh prefix (stackproof-test-<random>/...), so run
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -170,6 +171,26 @@ def test_make_verify_fails_for_a_tampered_tag(signed, pushed, registry):
         subprocess.run(["docker", "push", "--quiet", readable], check=True, capture_output=True, timeout=600)
 
 
+def test_an_immutable_tag_is_never_moved_to_another_image(pushed, registry):
+    """Another build of the same lock and revision must not take over the immutable tag."""
+    other = f"stackproof-test/ship-other:{uuid.uuid4().hex[:12]}"
+    build = subprocess.run(["docker", "build", "--quiet", "-t", other, "-"], text=True, capture_output=True,
+                           input=f"FROM {VALIDATION_TAG}\nRUN echo another build > /tmp/another\n", timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    revision = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, text=True).strip()
+    item = next(i for i in ship.plan(IMAGE, registry, revision) if i.layer == "validation")
+    immutable = pushed[VALIDATION_TAG]["tags"][1]
+    try:
+        if item.tags[1] != immutable:
+            pytest.skip(f"this checkout has uncommitted changes: make push tagged {immutable}, not {item.tags[1]}")
+        with pytest.raises(ship.ShipError) as err:
+            ship.push(dataclasses.replace(item, local=other))
+        assert f"the immutable tag {immutable} already names {pushed[VALIDATION_TAG]['digest']}" in str(err.value)
+        assert ship.digest_of(immutable) == pushed[VALIDATION_TAG]["digest"]
+    finally:
+        subprocess.run(["docker", "rmi", other], capture_output=True, timeout=120)
+
+
 def test_verify_fails_for_an_unsigned_image(pushed, registry, keys):
     """Signed with another key = unsigned for this key."""
     # A key pair that never signed must not verify, whether or not the image was signed with another.
@@ -189,6 +210,15 @@ def test_verify_fails_for_an_unsigned_image(pushed, registry, keys):
 def test_pull_by_digest_and_validate_the_pulled_copy_on_cpu(pushed, signed, tmp_path, pytestconfig):
     """Last: the local copies go, the image comes back by digest, and its validation passes on two CPU ranks."""
     validation = pushed[VALIDATION_TAG]
+    # Every blob of the image, downloaded from the registry and checked against its digest by skopeo: what a
+    # fresh host transfers (docker pull below may find layers that other local images share).
+    started = time.monotonic()
+    copy = subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", f"docker://{validation['reference']}",
+                           f"oci:{tmp_path / 'oci'}:pulled"], capture_output=True, text=True, timeout=1800)
+    assert copy.returncode == 0, copy.stderr[-3000:]
+    _say(pytestconfig, f"\n# downloaded every blob of {validation['reference']} ({validation['gb']} GB) in "
+                       f"{time.monotonic() - started:.1f} s (skopeo copy, digests checked)")
+    shutil.rmtree(tmp_path / "oci")
     for local, item in pushed.items():
         for tag in (local, *item["tags"]):
             subprocess.run(["docker", "rmi", tag], capture_output=True, timeout=120)

@@ -125,10 +125,34 @@ def compressed_size(reference: str) -> int:
     return sum(int(size) for size in skopeo_inspect(reference, "{{range .LayersData}}{{.Size}} {{end}}").split())
 
 
+def _pushed_digests(item: Shipped, docker: str) -> set[str]:
+    """The digests docker recorded for the local image in item.repository (RepoDigests)."""
+    recorded = json.loads(_run(f"inspect {item.local}", [docker, "image", "inspect", "--format",
+                                                        "{{json .RepoDigests}}", item.local], "rebuild the image"))
+    return {ref.split("@", 1)[1] for ref in recorded or [] if ref.split("@", 1)[0] == item.repository}
+
+
+def _existing_digest(reference: str) -> str | None:
+    """The digest a tag names in the registry, or None when the registry has no such tag (MANIFEST_UNKNOWN)."""
+    try:
+        return digest_of(reference)
+    except ShipError as err:
+        if "manifest unknown" in str(err).lower():
+            return None
+        raise
+
+
 def push(item: Shipped, docker: str = "docker") -> dict:
-    """docker push both tags; returns what was pushed: digest, seconds, compressed bytes."""
+    """docker push both tags; returns what was pushed: digest, seconds, compressed bytes. An immutable tag that
+    already names another image is never moved (unless the revision is -dirty: uncommitted work)."""
     _run(f"push {item.local}", [docker, "image", "inspect", "--format", "{{.Id}}", item.local],
          f"build it first: make build IMAGE={item.image.name}")
+    immutable = item.tags[1]
+    existing = None if item.immutable.endswith("-dirty") else _existing_digest(immutable)
+    if existing and existing not in _pushed_digests(item, docker):
+        raise ShipError(f"push {item.local}: the immutable tag {immutable} already names {existing}, another image "
+                        "than this one (same lock and revision, different build); an immutable tag is never moved. "
+                        f"fix: pull {item.repository}@{existing} instead of pushing, or commit a change and push that")
     started = time.monotonic()
     for tag in item.tags:
         _run(f"tag {tag}", [docker, "tag", item.local, tag], "check the REGISTRY value")
@@ -136,9 +160,7 @@ def push(item: Shipped, docker: str = "docker") -> dict:
              "is the registry up and writable? (scripts/ci/registry.sh starts one on localhost)", PUSH_TIMEOUT_S)
     seconds = time.monotonic() - started
     # The digest the registry holds, from docker's own record of the push (RepoDigests), checked with skopeo.
-    recorded = json.loads(_run(f"inspect {item.local}", [docker, "image", "inspect", "--format",
-                                                        "{{json .RepoDigests}}", item.local], "rebuild the image"))
-    digests = {ref.split("@", 1)[1] for ref in recorded if ref.split("@", 1)[0] == item.repository}
+    digests = _pushed_digests(item, docker)
     in_registry = {digest_of(tag) for tag in item.tags}
     if len(in_registry) != 1 or not in_registry <= digests:
         raise ShipError(f"push {item.local}: the registry holds {sorted(in_registry)} under {list(item.tags)}, "
