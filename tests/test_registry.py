@@ -155,6 +155,7 @@ def test_make_verify_fails_for_a_tampered_tag(signed, pushed, registry):
     build = subprocess.run(["docker", "build", "--quiet", "-t", readable, "-"], text=True, capture_output=True,
                            input=f"FROM {VALIDATION_TAG}\nRUN echo tampered > /tmp/tampered\n", timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
+    tampered = build.stdout.strip().splitlines()[-1]  # its image ID
     try:
         subprocess.run(["docker", "push", "--quiet", readable], check=True, capture_output=True, timeout=600)
         assert ship.digest_of(readable) != pushed[VALIDATION_TAG]["digest"]
@@ -169,6 +170,7 @@ def test_make_verify_fails_for_a_tampered_tag(signed, pushed, registry):
     finally:
         subprocess.run(["docker", "tag", VALIDATION_TAG, readable], check=True, capture_output=True, timeout=60)
         subprocess.run(["docker", "push", "--quiet", readable], check=True, capture_output=True, timeout=600)
+        subprocess.run(["docker", "image", "rm", tampered], capture_output=True, timeout=120)
 
 
 def test_an_immutable_tag_is_never_moved_to_another_image(pushed, registry):
@@ -246,3 +248,4 @@ def test_pull_by_digest_and_validate_the_pulled_copy_on_cpu(pushed, signed, tmp_
         for local, item in pushed.items():
             subprocess.run(["docker", "pull", "--quiet", item["reference"]], capture_output=True, timeout=1800)
             subprocess.run(["docker", "tag", item["reference"], local], capture_output=True, timeout=60)
+            subprocess.run(["docker", "rmi", item["reference"]], capture_output=True, timeout=120)  # the tag stays
