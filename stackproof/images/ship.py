@@ -81,7 +81,7 @@ def plan(image: Image, registry: str, revision: str) -> list[Shipped]:
     shipped = []
     for layer in layers(image):
         local = bake.validation_tag(image) if layer == "validation" else image.tag
-        name = local.split(":", 1)[0].split("/", 1)[1]  # pytorch | validation
+        name = local.split(":", 1)[0].rsplit("/", 1)[-1]  # pytorch | validation, whatever the local namespace
         shipped.append(Shipped(image, layer, local, f"{registry.rstrip('/')}/{name}", _readable(image, layer),
                                immutable_tag(image, layer, revision)))
     return shipped
