@@ -43,6 +43,7 @@ show = $$($(PYTHON) -m stackproof.images.bake --show $(1) $(IMAGE_OPT))
 # Steps run in the order written: check must fail before any docker work starts.
 .NOTPARALLEL:
 .PHONY: dev help build build-all build-validation print bake-file lock check wheelhouse lint test validate test-gpu clean
+.PHONY: push push-all sign verify audit lab
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -115,3 +116,51 @@ build-validation: ## only the validation layer, on top of BASE=<image> (tag stac
 
 clean: ## remove build/ (the rendered bake file); images and wheelhouse/ stay
 	rm -rf build
+
+# --- Shipping: push, sign, verify, audit, and the lab flavor (docs/shipping.md) ---------------------------------
+# make push REGISTRY=host[:port]/prefix: stackproof/pytorch:<tag> -> $(REGISTRY)/pytorch:<tag> (+ validation).
+REGISTRY ?=
+# cosign key pair (cosign generate-key-pair); the private key's password comes from COSIGN_PASSWORD.
+COSIGN_KEY ?= cosign.key
+COSIGN_PUB ?= cosign.pub
+# make audit STRICT=1 fails on any finding (otherwise they are reported only); ALL=1 audits every lock.
+ALL ?=
+STRICT ?=
+# make lab: the host folder mounted as the notebook workspace, and the host port of JupyterLab.
+WORKSPACE ?= $(CURDIR)
+LAB_PORT ?= 8888
+# The immutable tag's git part; a working tree with uncommitted changes is marked -dirty.
+SHIP_REVISION = $(shell git rev-parse HEAD)$(if $(shell git status --porcelain --untracked-files=no 2>/dev/null),-dirty)
+SHIP = $(PYTHON) -m stackproof.images.ship
+need_registry = @test -n "$(REGISTRY)" || { echo "usage: make $@ REGISTRY=host[:port]/prefix (e.g. localhost:5000/stackproof)" >&2; exit 2; }
+
+push: ## push IMAGE's runtime + validation images to REGISTRY=host[:port]/prefix; prints each digest
+	$(need_registry)
+	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" $(IMAGE_OPT)
+
+push-all: ## push every image of the matrix to REGISTRY
+	$(need_registry)
+	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --all
+
+sign: ## cosign-sign IMAGE's pushed images (COSIGN_KEY) and attach their CycloneDX SBOMs; no transparency log
+	$(need_registry)
+	$(SHIP) sign --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_KEY)" $(IMAGE_OPT)
+
+# VERIFY_REFERENCE=REGISTRY/pytorch@sha256:...: verify that reference instead of IMAGE's tags.
+VERIFY_REFERENCE ?=
+
+verify: ## cosign-verify IMAGE's tags in REGISTRY (signature + SBOM) with COSIGN_PUB; fails when unsigned/tampered
+	$(need_registry)
+	$(SHIP) verify --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_PUB)" $(IMAGE_OPT) \
+	    $(if $(VERIFY_REFERENCE),--reference "$(VERIFY_REFERENCE)")
+
+audit: ## pip-audit each lock of IMAGE (or ALL=1); STRICT=1 fails on any finding
+	$(SHIP) audit $(if $(ALL),--all,$(IMAGE_OPT)) $(if $(STRICT),--strict)
+
+lab: ## run the lab image of IMAGE (make build IMAGE=<lab entry> first) on the GPUs, WORKSPACE mounted
+	tag=$(call show,lab-tag); \
+	token=$${JUPYTER_TOKEN:-$$($(PYTHON) -c 'import secrets; print(secrets.token_hex(24))')}; \
+	echo "lab: http://127.0.0.1:$(LAB_PORT)/lab?token=$$token  (workspace $(WORKSPACE) at /home/stackproof/work)"; \
+	tty=$$([ -t 0 ] && echo --interactive --tty || true); \
+	JUPYTER_TOKEN="$$token" $(DOCKER) run --rm $$tty $(GPU_FLAGS) $(RUN_FLAGS) -e JUPYTER_TOKEN \
+	    -p "127.0.0.1:$(LAB_PORT):8888" -v "$(WORKSPACE):/home/stackproof/work" "$$tag"

@@ -6,7 +6,7 @@
 #   docker buildx bake -f docker-bake.hcl -f build/images.bake.json [default | all | <name> <name>_validation]
 #
 # Per image <name> the rendered file has: <name>_base -> [<name>_devel, devel flavor only] -> <name> (runtime,
-# tagged Image.tag) -> <name>_validation. Layers are linked by named contexts ("target:..."), so each is
+# tagged Image.tag) -> <name>_validation; a lab image is one target <name> on top of <from>_validation. Layers are linked by named contexts ("target:..."), so each is
 # built once and cached separately.
 
 # Set from the environment (the Makefile exports them).
@@ -100,6 +100,14 @@ target "_validation" {
   inherits   = ["_common", "_labels"]
   context    = "."
   dockerfile = "docker/validation/Dockerfile"
+}
+
+# The lab flavor. Rendered targets set contexts.validation (target:<from>_validation, so the lab shares every
+# layer of that image), contexts.sbom, args IMAGE_NAME and JUPYTERLAB, and tags.
+target "_lab" {
+  inherits   = ["_common", "_labels"]
+  context    = "."
+  dockerfile = "docker/lab/Dockerfile"
 }
 
 target "validation_external" {

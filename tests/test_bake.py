@@ -14,6 +14,9 @@ from stackproof.images import bake
 from stackproof.images.matrix import REPO_ROOT, Matrix, load_matrix
 
 MATRIX = load_matrix()
+# Images with the runtime -> validation layers (a lab image is one target on top of its 'from' validation image).
+LAYERED = [image for image in MATRIX.images if image.flavor != "lab"]
+LABS = [image for image in MATRIX.images if image.flavor == "lab"]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def rendered() -> dict:
 
 def test_one_runtime_target_per_image_tagged_from_the_matrix(rendered):
     targets = rendered["target"]
-    for image in MATRIX.images:
+    for image in LAYERED:
         runtime = targets[image.name]
         assert runtime["inherits"] == ["_runtime"]
         assert runtime["tags"] == [image.tag]
@@ -35,7 +38,7 @@ def test_one_runtime_target_per_image_tagged_from_the_matrix(rendered):
 
 def test_layers_are_linked_by_named_contexts(rendered):
     targets = rendered["target"]
-    for image in MATRIX.images:
+    for image in LAYERED:
         base = targets[f"{image.name}_base"]
         assert base == {"inherits": ["_base"], "args": {"BASE": image.base, "PYTHON": image.python}}
         if image.flavor == "devel":
@@ -56,7 +59,20 @@ def test_layers_are_linked_by_named_contexts(rendered):
 def test_groups_default_and_all(rendered):
     default = MATRIX.default_image.name
     assert rendered["group"]["default"] == {"targets": [default, f"{default}_validation"]}
-    assert rendered["group"]["all"]["targets"] == [t for i in MATRIX.images for t in (i.name, f"{i.name}_validation")]
+    assert rendered["group"]["all"]["targets"] == [t for i in MATRIX.images for t in bake.targets_for(i)]
+    assert all(f"{i.name}_validation" in rendered["group"]["all"]["targets"] for i in LAYERED)
+
+
+def test_a_lab_image_is_built_on_its_runtime_validation_image(rendered):
+    assert LABS, "the matrix has no lab image"
+    for lab in LABS:
+        target = rendered["target"][lab.name]
+        assert target["inherits"] == ["_lab"]
+        assert target["contexts"]["validation"] == f"target:{lab.parent}_validation"
+        assert target["args"] == {"IMAGE_NAME": lab.name, "JUPYTERLAB": lab.jupyterlab}
+        assert target["tags"] == [lab.tag] and lab.tag.endswith("-lab")
+        assert bake.targets_for(lab) == [lab.name]
+        assert f"{lab.name}_base" not in rendered["target"]
 
 
 def test_validation_tags():
@@ -114,7 +130,10 @@ def test_bake_print_accepts_it(tmp_path):
                           cwd=REPO_ROOT, capture_output=True, text=True, env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)["target"]
-    for image in MATRIX.images:
+    for lab in LABS:
+        assert plan[lab.name]["dockerfile"] == "docker/lab/Dockerfile"
+        assert plan[lab.name]["contexts"]["validation"] == f"target:{lab.parent}_validation"
+    for image in LAYERED:
         runtime = plan[image.name]
         assert runtime["dockerfile"] == "docker/runtime/Dockerfile"
         assert runtime["tags"] == [image.tag]

@@ -23,12 +23,12 @@ def write_matrix(tmp_path, text):
 def test_the_committed_matrix_loads():
     matrix = load_matrix()
     assert matrix.default_image.base == "debian:trixie-slim"
-    assert {image.flavor for image in matrix.images} == {"runtime", "devel"}
+    assert {image.flavor for image in matrix.images} == {"runtime", "devel", "lab"}
     assert len({image.tag for image in matrix.images}) == len(matrix.images)
 
 
 BAD_ENTRIES = [
-    ('flavor = "runtime"\n', 'flavor = "gpu"\n', "field 'flavor' = 'gpu', expected runtime or devel"),
+    ('flavor = "runtime"\n', 'flavor = "gpu"\n', "field 'flavor' = 'gpu', expected runtime or devel or lab"),
     ('nccl = "2.26.2"\n', "", "image 'legacy': missing field 'nccl'"),
     ('cuda = "12.6"\n', 'cuda = "12.6"\ncudaa = "1"\n', "image 'legacy': unknown field 'cudaa'"),
     ('torch = "2.7.1"\n', 'torch = "latest"\n', "field 'torch' = 'latest', expected a dotted version"),
@@ -37,6 +37,10 @@ BAD_ENTRIES = [
     ('default = "current"', 'default = "newest"', "field 'default' = 'newest', expected one of"),
     ('base = "nvidia/cuda:13.0.2-devel-ubuntu24.04"', 'base = "nvidia/cuda:12.8.1-devel-ubuntu24.04"',
      "an nvidia/cuda devel image of CUDA 13.0 (field 'cuda'), not CUDA 12.8"),
+    ('from = "current"\n', 'from = "current-devel"\n',
+     "field 'from' = 'current-devel', expected the name of a runtime image"),
+    ('from = "current"\n', 'from = "current"\ntorch = "2.14.1"\n',
+     "field 'torch' is not allowed on a lab image: it inherits it from its 'from' image"),
 ]
 
 

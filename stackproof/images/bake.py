@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from stackproof.errors import ConfigError, StackproofError
+from stackproof.images import sbom
 from stackproof.images.matrix import MATRIX_PATH, REPO_ROOT, Image, Matrix, load_matrix
 
 BAKE_HCL = REPO_ROOT / "docker-bake.hcl"
@@ -44,7 +45,10 @@ def external_validation_tag(base: str) -> str:
 
 
 def targets_for(image: Image) -> list[str]:
-    """The bake targets `make build IMAGE=<name>` builds: the runtime image and its validation layer."""
+    """The bake targets `make build IMAGE=<name>` builds: the runtime image and its validation layer (a lab image
+    is one target: it is already built on its 'from' image's validation layer)."""
+    if image.flavor == "lab":
+        return [image.name]
     return [image.name, image.name + VALIDATION_SUFFIX]
 
 
@@ -63,7 +67,19 @@ def _relative(path: Path) -> str:
         return str(path.resolve())
 
 
+def _lab_targets(image: Image) -> dict[str, dict]:
+    return {image.name: {
+        "inherits": ["_lab"],
+        "contexts": {"validation": f"target:{image.parent}{VALIDATION_SUFFIX}",
+                     "sbom": _relative(sbom.context_dir(image))},
+        "args": {"IMAGE_NAME": image.name, "JUPYTERLAB": image.jupyterlab},
+        "tags": [image.tag],
+    }}
+
+
 def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
+    if image.flavor == "lab":
+        return _lab_targets(image)
     base_target = image.name + BASE_SUFFIX
     targets: dict[str, dict] = {
         base_target: {"inherits": ["_base"], "args": {"BASE": image.base, "PYTHON": image.python}},
@@ -82,7 +98,8 @@ def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
 
     targets[image.name] = {
         "inherits": ["_runtime"],
-        "contexts": {"base": f"target:{below_runtime}", **wheelhouse("runtime")},
+        "contexts": {"base": f"target:{below_runtime}", "sbom": _relative(sbom.context_dir(image)),
+                     **wheelhouse("runtime")},
         "args": {
             "IMAGE_NAME": image.name,
             "FLAVOR": image.flavor,
@@ -98,7 +115,8 @@ def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
     }
     targets[image.name + VALIDATION_SUFFIX] = {
         "inherits": ["_validation"],
-        "contexts": {"runtime": f"target:{image.name}", **wheelhouse("validation")},
+        "contexts": {"runtime": f"target:{image.name}", "sbom": _relative(sbom.context_dir(image, "validation")),
+                     **wheelhouse("validation")},
         "tags": [validation_tag(image)],
     }
     return targets
@@ -142,12 +160,25 @@ SHOW = {
 }
 
 
+def lab_for(matrix: Matrix, image: Image) -> Image:
+    """The lab image of `image`: itself when it is one, else the lab entry built on it (make lab)."""
+    if image.flavor == "lab":
+        return image
+    for candidate in matrix.images:
+        if candidate.flavor == "lab" and candidate.parent == image.name:
+            return candidate
+    labs = ", ".join(i.name for i in matrix.images if i.flavor == "lab") or "none"
+    raise ConfigError(f"image {image.name!r}: no lab image is built on it in {MATRIX_PATH.name} (lab images: {labs}); "
+                      f"fix: add a [[image]] with flavor = \"lab\" and from = \"{image.name}\", or pick IMAGE=<lab>")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `stackproof images bake` (for the CLI's subparser)."""
     parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
                         help="where to write the bake file (default: build/images.bake.json); '-' for stdout")
     parser.add_argument("--matrix", type=Path, default=MATRIX_PATH, help="the image matrix (default: %(default)s)")
-    parser.add_argument("--show", choices=sorted(SHOW), help="print this about --image instead of writing the file")
+    parser.add_argument("--show", choices=sorted([*SHOW, "lab-tag"]),
+                        help="print this about --image instead of writing the file (lab-tag: its lab image's tag)")
     parser.add_argument("--image", metavar="NAME", help="with --show: a matrix image (default: the matrix default)")
     parser.add_argument("--external-tag", metavar="BASE",
                         help="print the validation tag for an image outside the matrix (make build-validation)")
@@ -160,13 +191,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     matrix = load_matrix(args.matrix)
     if args.show:
-        print(SHOW[args.show](matrix.get(args.image) if args.image else matrix.default_image))
+        image = matrix.get(args.image) if args.image else matrix.default_image
+        print(lab_for(matrix, image).tag if args.show == "lab-tag" else SHOW[args.show](image))
         return 0
     if str(args.output) == "-":
         json.dump(render(matrix), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         path = write(matrix, args.output)
+        for image in matrix.images:  # the SBOMs the images bake in: remade only when their locks change
+            for layer in ("runtime",) if image.flavor == "lab" else ("runtime", "validation"):
+                sbom.ensure(image, layer)
         print(f"wrote {_relative(path)}: {len(matrix.images)} images, default {matrix.default!r}", file=sys.stderr)
     return 0
 

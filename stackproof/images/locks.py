@@ -3,6 +3,7 @@ torch's own wheel metadata agree on torch, torchvision, CUDA, cuDNN and NCCL."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -58,13 +59,41 @@ def _compile(requirements: Iterable[str], output: Path, header: str, extra_args:
     output.write_text(header + "\n" + output.read_text())
 
 
+def parent_lock(image: Image) -> Path:
+    """A lab image's 'from' lock: the runtime it is installed over."""
+    return LOCKS_DIR / f"{image.parent}.txt"
+
+
 def lock_image(image: Image) -> Path:
-    """Write images/locks/<name>.txt: torch and torchvision with every dependency, pinned and hashed."""
+    """Write images/locks/<name>.txt: torch and torchvision with every dependency, pinned and hashed.
+    A lab lock is the whole environment of its image (the runtime's lock + the validation tools + JupyterLab),
+    constrained to the versions already installed below it, so installing it over them changes nothing."""
     image.lock_path.parent.mkdir(parents=True, exist_ok=True)
     header = _HEADER.format(name=image.name, python=image.python, platform=LOCK_PLATFORM)
-    _compile([f"torch=={image.torch}", f"torchvision=={image.torchvision}"], image.lock_path, header,
-             ["--python-version", image.python, "--python-platform", LOCK_PLATFORM])
+    requirements = [f"torch=={image.torch}", f"torchvision=={image.torchvision}"]
+    extra = ["--python-version", image.python, "--python-platform", LOCK_PLATFORM]
+    if image.flavor == "lab":
+        requirements += [*VALIDATION_REQUIREMENTS, f"jupyterlab=={image.jupyterlab}"]
+        extra += ["--constraint", str(parent_lock(image)), "--constraint", str(VALIDATION_LOCK)]
+    _compile(requirements, image.lock_path, header, extra)
     return image.lock_path
+
+
+def lock_files(image: Image, layer: str = "runtime") -> list[Path]:
+    """The locks whose packages make up `image` (layer 'validation': its validation image)."""
+    if image.flavor == "lab":
+        return [image.lock_path]  # complete: the runtime's and validation's pins are in it
+    return [image.lock_path, VALIDATION_LOCK] if layer == "validation" else [image.lock_path]
+
+
+def lock_digest(image: Image, layer: str = "runtime") -> str:
+    """sha256 over the content of lock_files(): what the immutable tag names, so a new lock is a new tag."""
+    digest = hashlib.sha256()
+    for path in lock_files(image, layer):
+        if not path.exists():
+            raise ConfigError(f"images/locks/{path.name}: missing; fix: make lock")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def lock_validation() -> Path:
@@ -137,6 +166,8 @@ def check_image(image: Image, with_metadata: bool = True,
     for component, expected, package, found in _stack_disagreements(image, lock):
         problems.append(f"{where}: {component}: {MATRIX_PATH.name} says {expected}, {lock_name} has "
                         f"{package}=={found}; fix: make lock, or correct {component} in {MATRIX_PATH.name}")
+    if image.flavor == "lab":
+        problems += _lab_disagreements(image, lock)
     if not with_metadata:
         return problems
     torch_pins, vision_on_torch = (metadata_source or _torch_metadata_pins)(image)
@@ -147,6 +178,23 @@ def check_image(image: Image, with_metadata: bool = True,
     if vision_on_torch is not None and not SpecifierSet(str(vision_on_torch.specifier)).contains(image.torch):
         problems.append(f"{where}: torchvision: torchvision {image.torchvision} requires {vision_on_torch}, "
                         f"{MATRIX_PATH.name} says torch {image.torch}; fix: pick the torchvision released with it")
+    return problems
+
+
+def _lab_disagreements(image: Image, lock: dict[str, str]) -> list[str]:
+    """A lab lock must pin the matrix's JupyterLab and leave every package of the image below it as it is."""
+    where = f"image {image.name!r}"
+    lock_name = f"images/locks/{image.lock_path.name}"
+    problems = []
+    if lock.get("jupyterlab") != image.jupyterlab:
+        problems.append(f"{where}: jupyterlab: {MATRIX_PATH.name} says {image.jupyterlab}, {lock_name} has "
+                        f"{lock.get('jupyterlab', 'none')}; fix: make lock")
+    for below in (parent_lock(image), VALIDATION_LOCK):
+        _, pins = read_lock(below)
+        for name, version in sorted(pins.items()):
+            if name in lock and lock[name] != version:
+                problems.append(f"{where}: {name}: images/locks/{below.name} has {version}, {lock_name} has "
+                                f"{lock[name]} (installing the lab would change the image below it); fix: make lock")
     return problems
 
 

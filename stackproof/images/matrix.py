@@ -17,7 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MATRIX_PATH = REPO_ROOT / "images" / "matrix.toml"
 LOCKS_DIR = REPO_ROOT / "images" / "locks"
 TAG_REPOSITORY = "stackproof/pytorch"
-FLAVORS = ("runtime", "devel")
+# lab: the validation image of a runtime entry (named by 'from') plus JupyterLab; it inherits every other version.
+FLAVORS = ("runtime", "devel", "lab")
+LAB_FIELDS = ("name", "flavor", "from", "jupyterlab")
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _VERSION = re.compile(r"^\d+(\.\d+)+$")
@@ -37,6 +39,9 @@ class Image:
     cuda: str
     cudnn: str
     nccl: str
+    # lab flavor only: the runtime entry it extends, and its JupyterLab version.
+    parent: str = ""
+    jupyterlab: str = ""
 
     @property
     def tag(self) -> str:
@@ -62,7 +67,7 @@ class Image:
         }
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(Image))
+FIELDS = tuple(f.name for f in dataclasses.fields(Image) if f.name not in ("parent", "jupyterlab"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +87,33 @@ class Matrix:
         return self.get(self.default)
 
 
-def _check_image(raw: dict, index: int) -> Image:
+def _check_lab(raw: dict, where: str, runtimes: dict[str, Image]) -> Image:
+    """A lab entry names only what it adds; everything else comes from its 'from' entry (written once)."""
+    missing = [f for f in LAB_FIELDS if f not in raw]
+    if missing:
+        raise ConfigError(f"{where}: missing field {missing[0]!r} (a lab image needs: {', '.join(LAB_FIELDS)})")
+    extra = sorted(set(raw) - set(LAB_FIELDS))
+    if extra:
+        raise ConfigError(f"{where}: field {extra[0]!r} is not allowed on a lab image: it inherits it from its "
+                          f"'from' image (a lab image has only: {', '.join(LAB_FIELDS)})")
+    parent = runtimes.get(raw["from"])
+    if parent is None:
+        raise ConfigError(f"{where}: field 'from' = {raw['from']!r}, expected the name of a runtime image "
+                          f"({', '.join(runtimes) or 'none'})")
+    if not isinstance(raw["jupyterlab"], str) or not _VERSION.match(raw["jupyterlab"]):
+        raise ConfigError(f"{where}: field 'jupyterlab' = {raw['jupyterlab']!r}, expected a dotted version such "
+                          "as 4.5.0")
+    if not isinstance(raw["name"], str) or not _NAME.match(raw["name"]):
+        raise ConfigError(f"{where}: field 'name' = {raw['name']!r}, expected lowercase letters, digits and '-'")
+    return dataclasses.replace(parent, name=raw["name"], flavor="lab", parent=parent.name,
+                               jupyterlab=raw["jupyterlab"])
+
+
+def _check_image(raw: dict, index: int, runtimes: dict[str, Image] | None = None) -> Image:
     label = raw.get("name") or f"#{index + 1}"
     where = f"{MATRIX_PATH.name}: image {label!r}"
+    if raw.get("flavor") == "lab":
+        return _check_lab(raw, where, runtimes or {})
     missing = [f for f in FIELDS if f not in raw]
     if missing:
         raise ConfigError(f"{where}: missing field {missing[0]!r} (every image needs: {', '.join(FIELDS)})")
@@ -132,7 +161,10 @@ def load_matrix(path: Path = MATRIX_PATH) -> Matrix:
     entries = raw.get("image") or []
     if not entries:
         raise ConfigError(f"{path.name}: no [[image]] entries")
-    images = tuple(_check_image(entry, i) for i, entry in enumerate(entries))
+    # Lab entries last: they read the runtime entry they extend.
+    plain = {i: _check_image(entry, i) for i, entry in enumerate(entries) if entry.get("flavor") != "lab"}
+    runtimes = {image.name: image for image in plain.values() if image.flavor == "runtime"}
+    images = tuple(plain[i] if i in plain else _check_image(entry, i, runtimes) for i, entry in enumerate(entries))
     seen: set[str] = set()
     for image in images:
         if image.name in seen:
