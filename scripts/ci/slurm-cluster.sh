@@ -109,7 +109,10 @@ if [ -e "$CONF" ] && ! grep -qsF "$MARK" "$CONF"; then
 fi
 install -d -m 0755 /etc/slurm "$STATE/ctld" "$STATE/d" "$RUN" "$LOGS"
 host="$(hostname -s)"
+# Each emulated node offers at least 4 CPUs (config_overrides: slurmd takes the configured count, not the
+# host's), so a job can run 4 ranks per node (8 in all) on a 2-core machine, as a small fleet would.
 cpus="$(nproc)"
+[ "$cpus" -ge 4 ] || cpus=4
 cat >"$CONF.new" <<CONF
 $MARK
 # Two emulated nodes on one host: a real multi-node cluster for the launcher tests. Not for production.
@@ -133,6 +136,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
+SlurmdParameters=config_overrides
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d/%n
 SlurmctldPidFile=$RUN/slurmctld.pid
