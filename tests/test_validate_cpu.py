@@ -35,7 +35,7 @@ def checks(report, outcome):
     return {c["name"]: c for c in report["checks"] if c["outcome"] == outcome}
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2])  # 8 ranks across two nodes: tests/test_launchers_slurm.py
 def test_whole_suite_passes_on_cpu_ranks(tmp_path, nproc):
     proc, report = validate(tmp_path, "--nproc", str(nproc), *QUICK)
     assert proc.returncode == EXIT_OK, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -187,11 +187,11 @@ def test_a_dead_rank_ends_the_run_naming_it(tmp_path):
 def test_the_watchdog_locates_a_rank_stalled_outside_any_collective(tmp_path):
     """Rank 0 itself stalls: nobody can time out waiting for it in a sync it hosts, so the per-check watchdog
     (--timeout + 10 s) must answer, as it does on GPUs where a NCCL wait may never return to Python."""
-    proc, report = validate(tmp_path, "--inject-fault", "hang", "--fault-rank", "0", "--timeout", "20",
+    proc, report = validate(tmp_path, "--inject-fault", "hang", "--fault-rank", "0", "--timeout", "10",
                             "-k", "barrier")
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
     meaning = report["message"]
-    assert "did not finish within 30 s: rank(s) [0] stalled outside any collective (rank 0 at faults.py:" in meaning
+    assert "did not finish within 20 s: rank(s) [0] stalled outside any collective (rank 0 at faults.py:" in meaning
     assert "rank(s) [1] were waiting for them in a collective" in meaning
     assert "# Verdict: FAILED (exit code 4" in proc.stdout
 
