@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# CI: prove the CLI and the CPU suite on the oldest Python the matrix names (the python of its oldest image,
+# e.g. 3.10 for `legacy`), as that image's validation layer runs them: that image's lock (torch from the
+# index pip is configured with, hash-checked) + the validation lock, and stackproof on PYTHONPATH.
+#
+# Usage: scripts/ci/python-floor.sh      (after make dev; FLOOR_PYTHON=/path/to/python3.X to pick the interpreter)
+# Reuses pip's cache; the venv lives in build/ (ignored) and is made again on each run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+log() { printf 'python-floor: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+PY="${PYTHON:-.venv/bin/python}"
+read -r version image < <("$PY" -c 'from packaging.version import Version
+from stackproof.images.matrix import load_matrix
+oldest = min(load_matrix().images, key=lambda i: Version(i.python))
+print(oldest.python, oldest.name)')
+
+interpreter="${FLOOR_PYTHON:-$(command -v "python$version" || true)}"
+if [ -z "$interpreter" ]; then
+    # pyenv's builds are not on PATH unless selected; take the newest patch release of that minor.
+    interpreter="$(find "${PYENV_ROOT:-$HOME/.pyenv}/versions" -maxdepth 3 -path "*/$version.*/bin/python$version" \
+        2>/dev/null | sort -V | tail -n 1)"
+fi
+[ -n "$interpreter" ] || die "no python$version (the oldest Python in images/matrix.toml, image '$image') on PATH or in pyenv; fix: pyenv install $version (or apt-get install python$version), or FLOOR_PYTHON=/path/to/python$version"
+found="$("$interpreter" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+[ "$found" = "$version" ] || die "$interpreter is Python $found, expected $version"
+
+venv="build/python$version"
+rm -rf "$venv"
+"$interpreter" -m venv "$venv"
+started=$SECONDS
+log "installing images/locks/$image.txt and images/locks/validation.txt into $venv ($("$interpreter" -V))"
+"$venv/bin/python" -m pip install -q --require-hashes --no-deps --only-binary=:all: -r "images/locks/$image.txt"
+"$venv/bin/python" -m pip install -q --require-hashes --only-binary=:all: -r images/locks/validation.txt
+log "installed in $((SECONDS - started)) s ($(du -sh "$venv" | cut -f1))"
+
+# As in the image: the package from the checkout on PYTHONPATH, not installed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+run() { log "\$ $*"; "$@"; }
+run "$venv/bin/python" -m stackproof --help >/dev/null
+run "$venv/bin/python" -m stackproof images list
+run "$venv/bin/python" -m stackproof images check --offline
+started=$SECONDS
+run "$venv/bin/python" -m stackproof validate --nproc 2 --expect-gpus 0 --reports "$venv/reports" ${FLOOR_K:+-k "$FLOOR_K"}
+log "the CPU suite passed on Python $version in $((SECONDS - started)) s"
