@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# apt-get indextargets --format takes $(FIELD) literally.
+# shellcheck disable=SC2016
 # Print the archive URL to debootstrap DISTRO (debian | ubuntu) from: $DEBIAN_MIRROR / $UBUNTU_MIRROR when set,
 # else this machine's own apt sources (apt's reading of sources.list and sources.list.d, one-line or deb822),
 # when the machine runs that distro: the URI serving its own release. No mirror's host name is written here.
