@@ -70,8 +70,9 @@ def pip_index_urls(python: str = sys.executable) -> tuple[str, ...]:
     return tuple(json.loads(proc.stdout))
 
 
+@cache
 def _ssl_context() -> ssl.SSLContext:
-    # Behind a proxy the CA bundle comes from the same variables pip and curl honour.
+    # Behind a proxy the CA bundle comes from the same variables pip and curl honour; loaded once per process.
     cafile = os.environ.get("SSL_CERT_FILE") or os.environ.get("PIP_CERT") or os.environ.get("REQUESTS_CA_BUNDLE")
     return ssl.create_default_context(cafile=cafile if cafile and os.path.exists(cafile) else None)
 
