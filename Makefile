@@ -158,22 +158,22 @@ need_registry = @test -n "$(REGISTRY)" || { echo "usage: make $@ REGISTRY=host[:
 
 push: ## push IMAGE's runtime + validation images to REGISTRY=host[:port]/prefix; prints each digest
 	$(need_registry)
-	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" $(IMAGE_OPT)
+	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" $(IMAGE_OPT) $(NAMESPACE_OPT)
 
 push-all: ## push every image of the matrix to REGISTRY
 	$(need_registry)
-	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --all
+	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --all $(NAMESPACE_OPT)
 
 sign: ## cosign-sign IMAGE's pushed images (COSIGN_KEY) and attach their CycloneDX SBOMs; no transparency log
 	$(need_registry)
-	$(SHIP) sign --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_KEY)" $(IMAGE_OPT)
+	$(SHIP) sign --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_KEY)" $(IMAGE_OPT) $(NAMESPACE_OPT)
 
 # VERIFY_REFERENCE=REGISTRY/pytorch@sha256:...: verify that reference instead of IMAGE's tags.
 VERIFY_REFERENCE ?=
 
 verify: ## cosign-verify IMAGE's tags in REGISTRY (signature + SBOM) with COSIGN_PUB; fails when unsigned/tampered
 	$(need_registry)
-	$(SHIP) verify --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_PUB)" $(IMAGE_OPT) \
+	$(SHIP) verify --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_PUB)" $(IMAGE_OPT) $(NAMESPACE_OPT) \
 	    $(if $(VERIFY_REFERENCE),--reference "$(VERIFY_REFERENCE)")
 
 audit: ## pip-audit each lock of IMAGE (or ALL=1); STRICT=1 fails on any finding
