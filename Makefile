@@ -5,23 +5,31 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-# The project's venv when there is one.
-PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+# The project's venv: targets that run PYTHON make it first (make dev) unless PYTHON names another python.
+VENV := .venv
+PYTHON ?= $(VENV)/bin/python
+VENV_READY := $(VENV)/.stackproof-dev
+NEED_VENV := $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV_READY))
 DOCKER ?= docker
-# Bootstraps .venv (make dev): any python3 >= 3.11 (the matrix is TOML, read with tomllib).
+# Bootstraps .venv (make dev): any python3 >= 3.10.
 HOST_PYTHON ?= python3
-HADOLINT ?= $(if $(wildcard .venv/bin/hadolint),.venv/bin/hadolint,hadolint)
+HADOLINT ?= $(if $(NEED_VENV)$(wildcard $(VENV)/bin/hadolint),$(VENV)/bin/hadolint,hadolint)
 # A matrix image name; empty means the matrix default.
 IMAGE ?=
 # make build-validation BASE=<any image with python3 + torch>
 BASE ?=
 # How test-gpu exposes GPUs: e.g. GPU_FLAGS='--device nvidia.com/gpu=all' (CDI) or '--gpus "device=0,1"'.
 GPU_FLAGS ?= --gpus all
-# The rest of test-gpu's docker run flags: NCCL wants shared memory and pinned memory without limits.
-RUN_FLAGS ?= --ipc=host --ulimit memlock=-1
+# The rest of test-gpu's docker run flags: NCCL wants shared memory, and on GPUs pinned memory without limits.
+RUN_FLAGS ?= --ipc=host $(if $(strip $(GPU_FLAGS)),--ulimit memlock=-1)
 # Extra arguments for the validation container (e.g. ARGS='validate -k nccl').
 ARGS ?=
 REPORTS ?= $(CURDIR)/reports
+# What a run's verdict is made of (report.json, junit.xml: the suite's; exit-code: test-gpu's): cleared before each
+# run so no earlier verdict stays beside the new one.
+VERDICT_FILES := report.json junit.xml exit-code
+# Tags are <NAMESPACE>/pytorch:... and <NAMESPACE>/validation:...; empty means stackproof (the tests use their own).
+NAMESPACE ?=
 # wheelhouse: the platforms the images' wheels may carry; the locks are made for x86_64-manylinux_2_28, and pip
 # --platform does not imply the older glibc tags, so they are listed.
 WHEEL_PLATFORMS ?= $(foreach v,28 27 26 25 24 23 22 21 20 19 18 17,manylinux_2_$(v)_x86_64) manylinux2014_x86_64
@@ -32,13 +40,14 @@ BAKE_FILE := build/images.bake.json
 # --load: the images land in the local engine whichever buildx builder is selected (docker-container too).
 BAKE := $(DOCKER) buildx bake --load -f docker-bake.hcl -f $(BAKE_FILE)
 IMAGE_OPT := $(if $(IMAGE),--image $(IMAGE))
+NAMESPACE_OPT := $(if $(NAMESPACE),--namespace $(NAMESPACE))
 # Read by docker-bake.hcl. A proxy's CA bundle goes in as the pip_ca secret when the file exists.
 export PIP_CA ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 export REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 export CREATED ?= $(shell git log -1 --format=%cI 2>/dev/null)
 export SOURCE_URL ?= $(shell git remote get-url origin 2>/dev/null)
 
-show = $$($(PYTHON) -m stackproof.images.bake --show $(1) $(IMAGE_OPT))
+show = $$($(PYTHON) -m stackproof.images.bake --show $(1) $(IMAGE_OPT) $(NAMESPACE_OPT))
 
 # Steps run in the order written: check must fail before any docker work starts.
 .NOTPARALLEL:
@@ -49,10 +58,14 @@ help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 	@echo "  variables: IMAGE=<name> BASE=<image> GPU_FLAGS='$(GPU_FLAGS)' ARGS='...' PYTHON=$(PYTHON) PIP_CA=$(PIP_CA)"
 
-dev: ## .venv with stackproof (editable, dev tools) and the default image's torch + torchvision
-	$(HOST_PYTHON) -m venv .venv
-	.venv/bin/python -m pip install -q $$($(HOST_PYTHON) -m stackproof.images.bake --show requirements $(IMAGE_OPT)) \
-	    -e '.[dev]'
+dev: $(VENV_READY) ## .venv with stackproof (editable, dev tools) and the default image's torch + torchvision
+
+# A file target, so that make test (and every target that runs PYTHON) brings it up on a fresh clone.
+$(VENV_READY): pyproject.toml images/matrix.toml
+	$(HOST_PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q -e '.[dev]'
+	$(VENV)/bin/python -m pip install -q $$($(VENV)/bin/python -m stackproof.images.bake --show requirements $(IMAGE_OPT))
+	touch $@
 
 build: check bake-file ## build the default image (or IMAGE=<name>) and its validation layer
 	targets=$(call show,targets); $(BAKE) $$targets
@@ -63,14 +76,14 @@ build-all: check bake-file ## build every image of the matrix
 print: bake-file ## show the build plan (docker buildx bake --print) for IMAGE, or the default
 	targets=$(call show,targets); $(BAKE) --print $$targets
 
-bake-file:
-	$(PYTHON) -m stackproof images bake --output $(BAKE_FILE)
+bake-file: $(NEED_VENV)
+	$(PYTHON) -m stackproof images bake --output $(BAKE_FILE) $(NAMESPACE_OPT)
 
 # Bad input (matrix, locks) exits 2 here, before any docker work.
-check: ## matrix vs locks vs torch's wheel metadata (exit 2 on a disagreement; OFFLINE=1 skips PyPI)
+check: $(NEED_VENV) ## matrix vs locks vs torch's wheel metadata (exit 2 on a disagreement; OFFLINE=1 skips PyPI)
 	$(PYTHON) -m stackproof images check $(if $(OFFLINE),--offline) $(IMAGE)
 
-lock: ## regenerate images/locks/ with uv from the matrix
+lock: $(NEED_VENV) ## regenerate images/locks/ with uv from the matrix
 	$(PYTHON) -m stackproof images lock $(IMAGE)
 
 # The image's lock (wheelhouse/<name>/) + the validation lock (wheelhouse/<name>/validation/), for the image's
@@ -85,30 +98,39 @@ wheelhouse: check ## download the wheels of IMAGE (or the default) to wheelhouse
 	done; \
 	echo "wheelhouse/$$name: $$(find wheelhouse/$$name -name '*.whl' | wc -l) wheels, $$(du -sh wheelhouse/$$name | cut -f1)"
 
-lint: ## ruff + hadolint (+ shellcheck when installed)
+lint: $(NEED_VENV) ## ruff + hadolint (+ shellcheck when installed)
 	$(PYTHON) -m ruff check .
 	$(HADOLINT) docker/*/Dockerfile scripts/ci/*/Dockerfile
 	if command -v shellcheck >/dev/null; then shellcheck .ci/run scripts/*/*.sh scripts/slurm/validate.sbatch docker/*.sh docker/*/*.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
-test: ## the test suite (python -m pytest)
+test: $(NEED_VENV) ## the test suite (python -m pytest; makes .venv first)
 	$(PYTHON) -m pytest
 
-validate: ## run the validation suite on this host's python and GPUs
+validate: $(NEED_VENV) ## run the validation suite on this host's python and GPUs
 	$(PYTHON) -m stackproof validate $(ARGS)
 
 # make exits 2 whenever the container fails; the container's own exit code is printed and kept in reports/.
-test-gpu: ## run the validation image of IMAGE (or the default) on the GPUs; reports land in ./reports
-	@# The image runs as uid 1000, which must be able to replace reports of earlier runs (yours or its own).
-	mkdir -p $(REPORTS) && chmod 0777 $(REPORTS)
+test-gpu: $(NEED_VENV) ## run the validation image of IMAGE (or the default) on the GPUs; reports land in ./reports
+	$(PYTHON) -m stackproof.images.gpu_runtime "$(GPU_FLAGS)"
+	@# The image runs as uid 1000: it must be able to replace every file of earlier runs (yours, e.g. root's, or its own).
+	mkdir -p $(REPORTS) && cd $(REPORTS) && rm -f $(VERDICT_FILES)
+	chmod -R a+rwX $(REPORTS) || { echo "test-gpu: $(REPORTS) holds files this user cannot hand to the container's uid \
+	    1000 (above); fix: chown -R $$(id -u) $(REPORTS) as their owner, or REPORTS=<another directory>" >&2; exit 2; }
 	tag=$(call show,validation-tag); \
 	rc=0; $(DOCKER) run --rm $(GPU_FLAGS) $(RUN_FLAGS) \
 	    -v "$(REPORTS):/reports" "$$tag" $(ARGS) || rc=$$?; \
-	echo "$$rc" > $(REPORTS)/exit-code; echo "test-gpu: $$tag exited with $$rc"; exit "$$rc"
+	echo "$$rc" > $(REPORTS)/exit-code; echo "test-gpu: $$tag exited with $$rc"; \
+	if [ "$$rc" = 125 ] && [[ "$(RUN_FLAGS)" == *memlock* ]]; then \
+	    echo "test-gpu: docker could not start the container (exit 125, message above). If it is about an rlimit: this" \
+	        "engine cannot lift the locked-memory limit (rootless or nested). Without GPUs it is not needed:" \
+	        "GPU_FLAGS= RUN_FLAGS=--ipc=host" >&2; \
+	fi; \
+	exit "$$rc"
 
-build-validation: ## only the validation layer, on top of BASE=<image> (tag stackproof/validation:<BASE>)
+build-validation: $(NEED_VENV) ## only the validation layer, on top of BASE=<image> (tag stackproof/validation:<BASE>)
 	@test -n "$(BASE)" || { echo "usage: make build-validation BASE=<image with python3 + torch>" >&2; exit 2; }
-	tag=$$($(PYTHON) -m stackproof.images.bake --external-tag "$(BASE)"); \
+	tag=$$($(PYTHON) -m stackproof.images.bake --external-tag "$(BASE)" $(NAMESPACE_OPT)); \
 	user=$$($(DOCKER) image inspect --format '{{.Config.User}}' "$(BASE)" 2>/dev/null || true); \
 	VALIDATION_BASE="$(BASE)" VALIDATION_TAG="$$tag" VALIDATION_RUN_USER="$${user:-0:0}" \
 	    $(DOCKER) buildx bake --load -f docker-bake.hcl validation_external; \
@@ -136,22 +158,22 @@ need_registry = @test -n "$(REGISTRY)" || { echo "usage: make $@ REGISTRY=host[:
 
 push: ## push IMAGE's runtime + validation images to REGISTRY=host[:port]/prefix; prints each digest
 	$(need_registry)
-	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" $(IMAGE_OPT)
+	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" $(IMAGE_OPT) $(NAMESPACE_OPT)
 
 push-all: ## push every image of the matrix to REGISTRY
 	$(need_registry)
-	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --all
+	$(SHIP) push --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --all $(NAMESPACE_OPT)
 
 sign: ## cosign-sign IMAGE's pushed images (COSIGN_KEY) and attach their CycloneDX SBOMs; no transparency log
 	$(need_registry)
-	$(SHIP) sign --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_KEY)" $(IMAGE_OPT)
+	$(SHIP) sign --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_KEY)" $(IMAGE_OPT) $(NAMESPACE_OPT)
 
 # VERIFY_REFERENCE=REGISTRY/pytorch@sha256:...: verify that reference instead of IMAGE's tags.
 VERIFY_REFERENCE ?=
 
 verify: ## cosign-verify IMAGE's tags in REGISTRY (signature + SBOM) with COSIGN_PUB; fails when unsigned/tampered
 	$(need_registry)
-	$(SHIP) verify --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_PUB)" $(IMAGE_OPT) \
+	$(SHIP) verify --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_PUB)" $(IMAGE_OPT) $(NAMESPACE_OPT) \
 	    $(if $(VERIFY_REFERENCE),--reference "$(VERIFY_REFERENCE)")
 
 audit: ## pip-audit each lock of IMAGE (or ALL=1); STRICT=1 fails on any finding

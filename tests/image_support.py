@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -17,8 +18,11 @@ from stackproof.images.matrix import REPO_ROOT, load_matrix
 _MATRIX = load_matrix()
 IMAGE = _MATRIX.get(os.environ["STACKPROOF_TEST_IMAGE"]) if os.environ.get("STACKPROOF_TEST_IMAGE") \
     else _MATRIX.default_image
-RUNTIME_TAG = IMAGE.tag
-VALIDATION_TAG = bake.validation_tag(IMAGE)
+# The tests build and tag under their own namespace (one per session), never over the shipped stackproof/* tags,
+# and remove what they tagged at the end.
+NAMESPACE = f"stackproof-test/{uuid.uuid4().hex[:12]}"
+RUNTIME_TAG = IMAGE.tag_in(NAMESPACE)
+VALIDATION_TAG = bake.validation_tag(IMAGE, NAMESPACE)
 BUILD_TIMEOUT_S = 3600
 
 
@@ -43,17 +47,30 @@ def docker_engine() -> None:
 
 
 def make(*args: str, timeout: float = BUILD_TIMEOUT_S, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", f"PYTHON={sys.executable}", f"IMAGE={IMAGE.name}", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(["make", f"PYTHON={sys.executable}", f"IMAGE={IMAGE.name}", f"NAMESPACE={NAMESPACE}",
+                           *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "BUILDKIT_PROGRESS": "plain", **env})
+
+
+def tagged_by_the_tests() -> list[str]:
+    out = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "--filter",
+                          f"reference={NAMESPACE}/*"], capture_output=True, text=True, timeout=60).stdout
+    return out.split()
 
 
 @pytest.fixture(scope="session")
 def built(docker_engine) -> None:
-    """`make build` of the image (cached after the first time)."""
-    proc = make("build")
-    assert proc.returncode == 0, (
-        f"make build failed (is the base {IMAGE.base} there? scripts/ci/base-images.sh):\n"
-        f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    """`make build` of the image under the tests' namespace (cached after the first time); its tags are
+    removed at the end of the session."""
+    try:
+        proc = make("build")
+        assert proc.returncode == 0, (
+            f"make build failed (is the base {IMAGE.base} there? scripts/ci/base-images.sh):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        yield
+    finally:
+        tags = tagged_by_the_tests()
+        if tags:
+            subprocess.run(["docker", "image", "rm", *tags], capture_output=True, timeout=300)
 
 

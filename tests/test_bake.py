@@ -78,8 +78,8 @@ def test_a_lab_image_is_built_on_its_runtime_validation_image(rendered):
 def test_validation_tags():
     image = MATRIX.default_image
     assert bake.validation_tag(image) == f"stackproof/validation:{image.tag.split(':', 1)[1]}"
-    assert bake.external_validation_tag("nvcr.io/nvidia/pytorch:25.01-py3") == \
-        "stackproof/validation:nvcr.io-nvidia-pytorch-25.01-py3"
+    assert bake.external_validation_tag("registry.example.com/team/pytorch:25.01-py3") == \
+        "stackproof/validation:registry.example.com-team-pytorch-25.01-py3"
     with pytest.raises(ConfigError):
         bake.external_validation_tag("///")
 

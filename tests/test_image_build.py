@@ -9,6 +9,7 @@ STACKPROOF_REQUIRE_DOCKER=1 (CI), where they fail.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from image_support import IMAGE, RUNTIME_TAG, VALIDATION_TAG, make
+from image_support import IMAGE, NAMESPACE, RUNTIME_TAG, VALIDATION_TAG, make
 from packaging.utils import canonicalize_name
 
 from stackproof.images import bake
@@ -109,8 +110,15 @@ def build_steps(plain_log: str) -> dict[str, bool]:
     return {name: vertex in cached for vertex, name in names.items()}
 
 
+def image_id(tag: str) -> str | None:
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True,
+                          timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
 @pytest.mark.docker
 def test_editing_smoke_tests_rebuilds_only_the_last_layer(built):
+    shipped = {tag: image_id(tag) for tag in (IMAGE.tag, bake.validation_tag(IMAGE))}
     assert make("build").returncode == 0  # settle whatever changed since the fixture's build
     probe = REPO_ROOT / "smoke_tests" / f".rebuild-probe-{uuid.uuid4().hex}.txt"
     probe.write_text("changed\n")
@@ -120,7 +128,13 @@ def test_editing_smoke_tests_rebuilds_only_the_last_layer(built):
         elapsed = time.monotonic() - started
     finally:
         probe.unlink()
+        assert make("build").returncode == 0  # no image of ours keeps the probe
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The tests build under their own namespace: the shipped stackproof/* tags are never retagged.
+    assert {tag: image_id(tag) for tag in shipped} == shipped
+    assert "No such file" in subprocess.run(["docker", "run", "--rm", "--entrypoint", "ls", VALIDATION_TAG,
+                                             f"/opt/stackproof/smoke_tests/{probe.name}"],
+                                            capture_output=True, text=True, timeout=120).stderr
     steps = build_steps(proc.stderr + proc.stdout)
     rebuilt = sorted(name for name, was_cached in steps.items() if not was_cached)
     last = f"{IMAGE.name}_validation: COPY smoke_tests/ /opt/stackproof/smoke_tests/"
@@ -133,9 +147,26 @@ def test_editing_smoke_tests_rebuilds_only_the_last_layer(built):
 def test_build_validation_on_another_base(built):
     proc = make("build-validation", f"BASE={RUNTIME_TAG}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tag = bake.external_validation_tag(RUNTIME_TAG)
+    tag = bake.external_validation_tag(RUNTIME_TAG, NAMESPACE)
     assert run(tag, "--version").startswith("stackproof ")
     assert run(tag, "id", "-u", entrypoint="").strip() == "1000"  # the base's own user, put back
+
+
+@pytest.mark.docker
+def test_torch_compile_works_in_the_image(built):
+    """inductor builds a C++ kernel at run time: the image needs a C++ compiler and Python.h (docker/base)."""
+    out = run(RUNTIME_TAG, "python", "-c", """
+import time, torch
+def f(x, y):
+    return torch.sin(x) * torch.cos(y) + (x * y).sum(dim=-1, keepdim=True)
+x, y = torch.randn(64, 256), torch.randn(64, 256)
+started = time.perf_counter()
+with torch._inductor.config.patch(compile_threads=1):
+    found = torch.compile(f, fullgraph=True)(x, y)
+torch.testing.assert_close(found, f(x, y))
+print(f"compiled {time.perf_counter() - started:.1f}")""")
+    print(f"torch.compile in the image, CPU: {out.split()[-1]} s")
+    assert out.startswith("compiled ")
 
 
 @pytest.mark.docker
@@ -181,3 +212,49 @@ def test_a_bad_matrix_exits_2_before_any_docker_work(tmp_path):
     assert re.search(r"\[Makefile:\d+: check\] Error 2", proc.stderr), proc.stderr  # make relays the exit code 2
     assert not called.exists(), f"docker was called: {called.read_text()}"
     assert not Path(tmp_path / "build").exists()
+
+
+@pytest.mark.docker
+def test_gpu_runtime_missing_is_said_before_docker_runs(docker_engine, tmp_path):
+    """`make test-gpu` on an engine without the NVIDIA Container Toolkit: expected, found and the fix, exit 2,
+    instead of Docker's `could not select device driver ""`."""
+    from stackproof.images import gpu_runtime
+
+    problem = gpu_runtime.problem("--gpus all", gpu_runtime.engine_info())
+    if problem is None:
+        pytest.skip("this Docker engine can give containers GPUs (the NVIDIA Container Toolkit is installed)")
+    proc = make("test-gpu", f"REPORTS={tmp_path / 'reports'}", timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "needs the NVIDIA Container Toolkit in the Docker engine" in proc.stderr
+    assert "fix: install the NVIDIA Container Toolkit" in proc.stderr
+    assert "could not select device driver" not in proc.stderr
+    assert not (tmp_path / "reports" / "exit-code").exists()  # nothing ran
+
+
+@pytest.mark.docker
+def test_test_gpu_without_gpus_needs_only_gpu_flags_and_replaces_every_earlier_report(built, tmp_path):
+    """GPU_FLAGS= alone (no RUN_FLAGS): the memlock limit, which only GPUs need, is not asked of the engine. The
+    reports of an earlier run, owned by another user (root's `make validate`), are replaced by the container's
+    uid 1000, and no earlier verdict stays beside the new exit-code."""
+    if os.getuid() == 1000:
+        pytest.skip("runs as uid 1000, the container's own: no other user's files to hand over")
+    reports = tmp_path / "reports"
+    (reports / "logs").mkdir(parents=True)
+    for name in ("report.json", "junit.xml", "logs/rank1.log", "exit-code"):
+        (reports / name).write_text("from an earlier run\n")
+    script = ("test ! -e /reports/report.json && test ! -e /reports/junit.xml && test ! -e /reports/exit-code "
+              "&& echo new > /reports/logs/rank1.log && echo new > /reports/report.json && exit 5")
+    proc = make("test-gpu", "GPU_FLAGS=", f"REPORTS={reports}", f"ARGS=sh -c '{script}'")
+    assert (reports / "exit-code").read_text().strip() == "5", proc.stdout + proc.stderr
+    assert (reports / "report.json").read_text() == "new\n"
+    assert (reports / "logs" / "rank1.log").read_text() == "new\n"
+
+
+@pytest.mark.docker
+def test_test_gpu_hints_at_the_memlock_limit_when_the_engine_refuses_it(built, tmp_path):
+    proc = make("test-gpu", "GPU_FLAGS=", "RUN_FLAGS=--ipc=host --ulimit memlock=-1", f"REPORTS={tmp_path}",
+                "ARGS=true")
+    if proc.returncode == 0:
+        pytest.skip("this engine lifts the locked-memory limit")
+    assert (tmp_path / "exit-code").read_text().strip() == "125", proc.stdout + proc.stderr
+    assert "Without GPUs it is not needed: GPU_FLAGS= RUN_FLAGS=--ipc=host" in proc.stderr

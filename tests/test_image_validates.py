@@ -30,7 +30,7 @@ def test_the_suite_passes_inside_the_image_on_two_cpu_ranks(built, tmp_path):
     passed = {c["name"] for c in report["checks"] if c["outcome"] == "passed"}
     # Inside the image the pins are compared with /etc/stackproof/expected.json and the lock: they must run.
     assert {"pins::versions_match_the_promise", "pins::installed_packages_match_the_lock",
-            "ddp_resnet::gradients_are_identical_across_ranks"} <= passed
+            "ddp_resnet::gradients_are_identical_across_ranks", "compile::torch_compile_matches_eager"} <= passed
     expected = report["context"]["expected"]
     assert expected["torch"] == IMAGE.torch and expected["nccl"] == IMAGE.nccl
     assert "/etc/stackproof/expected.json" in expected["source"]

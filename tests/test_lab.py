@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from image_support import IMAGE, VALIDATION_TAG, make
+from image_support import IMAGE, NAMESPACE, VALIDATION_TAG, make
 from packaging.utils import canonicalize_name
 
 from stackproof.images import bake, sbom
@@ -42,7 +42,7 @@ def run(*args: str, entrypoint: str | None = None, timeout: float = 300) -> subp
 def lab_built(built) -> str:
     proc = make("build", f"IMAGE={LAB.name}")
     assert proc.returncode == 0, f"make build IMAGE={LAB.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return LAB.tag
+    return LAB.tag_in(NAMESPACE)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_the_lab_is_built_on_every_layer_of_the_validation_image(lab_built):
         return json.loads(subprocess.check_output(["docker", "image", "inspect", "--format",
                                                    "{{json .RootFS.Layers}}", tag], text=True))
 
-    below = layers(bake.validation_tag(IMAGE) if LAB.parent == IMAGE.name else VALIDATION_TAG)
+    below = layers(bake.validation_tag(IMAGE, NAMESPACE) if LAB.parent == IMAGE.name else VALIDATION_TAG)
     lab = layers(lab_built)
     assert lab[: len(below)] == below
     assert len(lab) > len(below)

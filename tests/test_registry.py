@@ -111,7 +111,7 @@ def signed(pushed, registry, keys) -> dict[str, str]:
 def test_push_prints_the_digest_both_tags_name(pushed, registry):
     for local, item in pushed.items():
         readable, immutable = item["tags"]
-        assert readable == f"{registry}/{local.split('/', 1)[1]}"
+        assert readable == f"{registry}/{local.rsplit('/', 1)[1]}"  # the local repository's last component
         for tag in (readable, immutable):
             assert ship.digest_of(tag) == item["digest"], tag
         assert item["gb"] > 0

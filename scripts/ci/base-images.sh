@@ -4,8 +4,9 @@
 #
 # Usage: scripts/ci/base-images.sh [IMAGE_REF ...]
 #   default: the base of the matrix's default image (images/matrix.toml), e.g. debian:trixie-slim.
-# Makes debian:<suite>[-slim] and ubuntu:<YY.MM|codename> (from deb.debian.org / archive.ubuntu.com);
-# other refs (nvidia/cuda:...) must be pulled or `docker load`ed.
+# Makes debian:<suite>[-slim] and ubuntu:<YY.MM|codename> from the archive scripts/ci/apt-mirror.sh names
+# (DEBIAN_MIRROR / UBUNTU_MIRROR, else this machine's apt sources); other refs (nvidia/cuda:...) must be pulled
+# or `docker load`ed.
 # Skips a ref that already exists. Needs root (debootstrap) and a running engine (scripts/ci/docker-engine.sh).
 set -euo pipefail
 
@@ -23,9 +24,6 @@ if [ "$#" -eq 0 ]; then
     set -- "$("$PY" -c 'from stackproof.images.matrix import load_matrix; print(load_matrix().default_image.base)')"
 fi
 
-DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-UBUNTU_MIRROR="${UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}"
-
 for ref in "$@"; do
     if docker image inspect "$ref" >/dev/null 2>&1; then
         log "$ref: already present, skipped"
@@ -33,9 +31,9 @@ for ref in "$@"; do
     fi
     keyring=/usr/share/keyrings/debian-archive-keyring.gpg
     case "$ref" in
-        debian:*) distro=debian; suite="${ref#debian:}"; suite="${suite%-slim}"; mirror="$DEBIAN_MIRROR" ;;
+        debian:*) distro=debian; suite="${ref#debian:}"; suite="${suite%-slim}" ;;
         ubuntu:*)
-            distro=ubuntu; suite="${ref#ubuntu:}"; mirror="$UBUNTU_MIRROR"
+            distro=ubuntu; suite="${ref#ubuntu:}"
             keyring=/usr/share/keyrings/ubuntu-archive-keyring.gpg
             case "$suite" in
                 20.04) suite=focal ;; 22.04) suite=jammy ;; 24.04) suite=noble ;; 26.04) suite=resolute ;;
@@ -43,6 +41,7 @@ for ref in "$@"; do
             esac ;;
         *) die "$ref: only debian:<suite>[-slim] and ubuntu:<release> can be made with debootstrap; pull or 'docker load' it" ;;
     esac
+    mirror="$(scripts/ci/apt-mirror.sh "$distro")" || die "$ref: no $distro archive to debootstrap from (above)"
     need=(debootstrap)
     [ "$distro" = ubuntu ] && need+=(ubuntu-keyring)
     if ! command -v debootstrap >/dev/null 2>&1 || [ ! -f "$keyring" ]; then

@@ -28,10 +28,12 @@ fi
 
 if ! command -v dockerd >/dev/null 2>&1 || [ ! -x /usr/libexec/docker/cli-plugins/docker-buildx ]; then
     if ! grep -rqs '^Suites:.*\btrixie\b' /etc/apt/sources.list.d/; then
-        log "adding the Debian trixie apt source (pinned at priority 100)"
-        cat >/etc/apt/sources.list.d/stackproof-trixie.sources <<'SRC'
+        # The machine's own Debian mirror (its apt sources), so a corporate mirror is used without a flag.
+        mirror="$("$(dirname "$0")/apt-mirror.sh" debian)" || die "no Debian mirror for the trixie source (above)"
+        log "adding the Debian trixie apt source from $mirror (pinned at priority 100)"
+        cat >/etc/apt/sources.list.d/stackproof-trixie.sources <<SRC
 Types: deb
-URIs: http://deb.debian.org/debian
+URIs: $mirror
 Suites: trixie
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg

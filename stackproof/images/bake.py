@@ -17,12 +17,14 @@ from pathlib import Path
 
 from stackproof.errors import ConfigError, StackproofError
 from stackproof.images import sbom
-from stackproof.images.matrix import MATRIX_PATH, REPO_ROOT, Image, Matrix, load_matrix
+from stackproof.images.matrix import MATRIX_PATH, NAMESPACE, REPO_ROOT, Image, Matrix, load_matrix
 
 BAKE_HCL = REPO_ROOT / "docker-bake.hcl"
 DEFAULT_OUTPUT = REPO_ROOT / "build" / "images.bake.json"
 WHEELHOUSE_DIR = REPO_ROOT / "wheelhouse"
-VALIDATION_REPOSITORY = "stackproof/validation"
+VALIDATION_REPOSITORY = "validation"
+# A docker repository path: lowercase components joined by '/'.
+_NAMESPACE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 GROUPS = ("default", "all")
 # Matrix names are [a-z0-9-], so an '_' suffix can never collide with another image's target.
 BASE_SUFFIX = "_base"
@@ -30,18 +32,25 @@ DEVEL_SUFFIX = "_devel"
 VALIDATION_SUFFIX = "_validation"
 
 
-def validation_tag(image: Image) -> str:
-    """stackproof/validation:<same tag as the runtime image>, e.g. stackproof/validation:2.14.1-cu13.0-runtime."""
-    return f"{VALIDATION_REPOSITORY}:{image.tag.split(':', 1)[1]}"
+def check_namespace(namespace: str) -> str:
+    if not _NAMESPACE.match(namespace):
+        raise ConfigError(f"NAMESPACE={namespace!r}: not a docker repository path; expected lowercase "
+                          f"letters, digits, '.', '_', '-' and '/', e.g. {NAMESPACE} or stackproof-test/run1")
+    return namespace
 
 
-def external_validation_tag(base: str) -> str:
+def validation_tag(image: Image, namespace: str = NAMESPACE) -> str:
+    """<namespace>/validation:<same tag as the runtime image>, e.g. stackproof/validation:2.14.1-cu13.0-runtime."""
+    return f"{check_namespace(namespace)}/{VALIDATION_REPOSITORY}:{image.version_tag}"
+
+
+def external_validation_tag(base: str, namespace: str = NAMESPACE) -> str:
     """The tag of the validation layer on top of someone else's image: its reference as a legal tag."""
     tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip(".-")[:128]
     if not tag:
         raise ConfigError(f"BASE={base!r}: not an image reference; "
                           "expected e.g. pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime")
-    return f"{VALIDATION_REPOSITORY}:{tag}"
+    return f"{check_namespace(namespace)}/{VALIDATION_REPOSITORY}:{tag}"
 
 
 def targets_for(image: Image) -> list[str]:
@@ -67,19 +76,19 @@ def _relative(path: Path) -> str:
         return str(path.resolve())
 
 
-def _lab_targets(image: Image) -> dict[str, dict]:
+def _lab_targets(image: Image, namespace: str) -> dict[str, dict]:
     return {image.name: {
         "inherits": ["_lab"],
         "contexts": {"validation": f"target:{image.parent}{VALIDATION_SUFFIX}",
                      "sbom": _relative(sbom.context_dir(image))},
         "args": {"IMAGE_NAME": image.name, "JUPYTERLAB": image.jupyterlab},
-        "tags": [image.tag],
+        "tags": [image.tag_in(check_namespace(namespace))],
     }}
 
 
-def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
+def _image_targets(image: Image, wheelhouse_root: Path, namespace: str) -> dict[str, dict]:
     if image.flavor == "lab":
-        return _lab_targets(image)
+        return _lab_targets(image, namespace)
     base_target = image.name + BASE_SUFFIX
     targets: dict[str, dict] = {
         base_target: {"inherits": ["_base"], "args": {"BASE": image.base, "PYTHON": image.python}},
@@ -111,26 +120,27 @@ def _image_targets(image: Image, wheelhouse_root: Path) -> dict[str, dict]:
             "CUDNN": image.cudnn,
             "NCCL": image.nccl,
         },
-        "tags": [image.tag],
+        "tags": [image.tag_in(check_namespace(namespace))],
     }
     targets[image.name + VALIDATION_SUFFIX] = {
         "inherits": ["_validation"],
         "contexts": {"runtime": f"target:{image.name}", "sbom": _relative(sbom.context_dir(image, "validation")),
                      **wheelhouse("validation")},
-        "tags": [validation_tag(image)],
+        "tags": [validation_tag(image, namespace)],
     }
     return targets
 
 
-def render(matrix: Matrix, wheelhouse_root: Path = WHEELHOUSE_DIR) -> dict:
-    """The bake file for `matrix`: targets per image (see docker-bake.hcl) and the groups default and all."""
+def render(matrix: Matrix, wheelhouse_root: Path = WHEELHOUSE_DIR, namespace: str = NAMESPACE) -> dict:
+    """The bake file for `matrix`: targets per image (see docker-bake.hcl) and the groups default and all,
+    tagged under `namespace` (tests build under their own, so the shipped tags are never touched)."""
     clash = sorted({image.name for image in matrix.images} & set(GROUPS))
     if clash:
         raise ConfigError(f"{MATRIX_PATH.name}: image {clash[0]!r}: field 'name' is a reserved bake group name "
                           f"({', '.join(GROUPS)}); rename the image")
     targets: dict[str, dict] = {}
     for image in matrix.images:
-        targets.update(_image_targets(image, wheelhouse_root))
+        targets.update(_image_targets(image, wheelhouse_root, namespace))
     return {
         "group": {
             "default": {"targets": targets_for(matrix.default_image)},
@@ -140,23 +150,24 @@ def render(matrix: Matrix, wheelhouse_root: Path = WHEELHOUSE_DIR) -> dict:
     }
 
 
-def write(matrix: Matrix, output: Path | str | None = None, wheelhouse_root: Path = WHEELHOUSE_DIR) -> Path:
+def write(matrix: Matrix, output: Path | str | None = None, wheelhouse_root: Path = WHEELHOUSE_DIR,
+          namespace: str = NAMESPACE) -> Path:
     """Write render(matrix) as JSON to `output` (default build/images.bake.json); returns the path."""
     output = Path(output) if output else DEFAULT_OUTPUT
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(render(matrix, wheelhouse_root), indent=2) + "\n")
+    output.write_text(json.dumps(render(matrix, wheelhouse_root, namespace), indent=2) + "\n")
     return output
 
 
 # What the Makefile asks about one image (--show FIELD [--image NAME]).
 SHOW = {
-    "name": lambda image: image.name,
-    "targets": lambda image: " ".join(targets_for(image)),
-    "tag": lambda image: image.tag,
+    "name": lambda image, _: image.name,
+    "targets": lambda image, _: " ".join(targets_for(image)),
+    "tag": lambda image, namespace: image.tag_in(check_namespace(namespace)),
     "validation-tag": validation_tag,
-    "python": lambda image: image.python,
+    "python": lambda image, _: image.python,
     # What `make dev` installs on a host to validate outside a container: the image's torch stack.
-    "requirements": lambda image: f"torch=={image.torch} torchvision=={image.torchvision}",
+    "requirements": lambda image, _: f"torch=={image.torch} torchvision=={image.torchvision}",
 }
 
 
@@ -180,6 +191,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show", choices=sorted([*SHOW, "lab-tag"]),
                         help="print this about --image instead of writing the file (lab-tag: its lab image's tag)")
     parser.add_argument("--image", metavar="NAME", help="with --show: a matrix image (default: the matrix default)")
+    parser.add_argument("--namespace", default=NAMESPACE,
+                        help="tag images <namespace>/pytorch:... and <namespace>/validation:... (default: %(default)s)")
     parser.add_argument("--external-tag", metavar="BASE",
                         help="print the validation tag for an image outside the matrix (make build-validation)")
 
@@ -187,18 +200,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`stackproof images bake`: render the matrix; raises ConfigError (exit 2) on a bad matrix."""
     if args.external_tag is not None:
-        print(external_validation_tag(args.external_tag))
+        print(external_validation_tag(args.external_tag, args.namespace))
         return 0
     matrix = load_matrix(args.matrix)
     if args.show:
         image = matrix.get(args.image) if args.image else matrix.default_image
-        print(lab_for(matrix, image).tag if args.show == "lab-tag" else SHOW[args.show](image))
+        print(lab_for(matrix, image).tag_in(check_namespace(args.namespace)) if args.show == "lab-tag"
+              else SHOW[args.show](image, args.namespace))
         return 0
     if str(args.output) == "-":
-        json.dump(render(matrix), sys.stdout, indent=2)
+        json.dump(render(matrix, namespace=args.namespace), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        path = write(matrix, args.output)
+        path = write(matrix, args.output, namespace=args.namespace)
         for image in matrix.images:  # the SBOMs the images bake in: remade only when their locks change
             for layer in ("runtime",) if image.flavor == "lab" else ("runtime", "validation"):
                 sbom.ensure(image, layer)

@@ -3,24 +3,27 @@ torch's own wheel metadata agree on torch, torchvision, CUDA, cuDNN and NCCL."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from stackproof.errors import ConfigError
+from stackproof.images import index as package_index
 from stackproof.images import metadata as wheel_meta
 from stackproof.images.matrix import LOCKS_DIR, MATRIX_PATH, Image, Matrix
 
-# The images' CPU and libc floor: torch's own Linux wheels are manylinux_2_28 x86_64.
-LOCK_PLATFORM = "x86_64-manylinux_2_28"
+# The platform uv locks for: the images' CPU and libc floor (torch's own Linux wheels are manylinux_2_28 x86_64).
+LOCK_PLATFORM = f"{wheel_meta.ARCH}-manylinux_2_{wheel_meta.GLIBC_MINOR}"
 # Oldest Python the validation layer must install into (any existing PyTorch image, too).
 VALIDATION_PYTHON_FLOOR = "3.10"
 VALIDATION_LOCK = LOCKS_DIR / "validation.txt"
@@ -29,7 +32,9 @@ UV_TIMEOUT_S = 600
 
 _HEADER = "# stackproof lock: image={name} python={python} platform={platform}"
 _HEADER_RE = re.compile(r"^# stackproof lock: image=(\S+) python=(\S+) platform=(\S+)$")
-_PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
+_HASH_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# Index pages fetched at once by the online hash check (one per package of a lock).
+INDEX_THREADS = 8
 
 # How each pinned component shows up among torch's requirements (and so in a lock).
 _COMPONENT_PACKAGES: dict[str, re.Pattern[str]] = {
@@ -104,21 +109,133 @@ def lock_validation() -> Path:
     return VALIDATION_LOCK
 
 
-def read_lock(path: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """(header fields, {normalized name: version}) of a lock file."""
+@dataclasses.dataclass(frozen=True)
+class Locked:
+    """One requirement of a lock: where it starts, what it says, and its --hash options as written."""
+
+    line: int
+    text: str
+    requirement: Requirement | None
+    hashes: tuple[str, ...]
+    hash_lines: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return canonicalize_name(self.requirement.name) if self.requirement else self.text
+
+    @property
+    def version(self) -> str | None:
+        """The version of an exact `==` pin (the only kind a hashed lock may have), else None."""
+        specs = list(self.requirement.specifier) if self.requirement else []
+        return specs[0].version if len(specs) == 1 and specs[0].operator == "==" else None
+
+
+def _lock_name(path: Path) -> str:
+    return f"images/locks/{path.name}" if path.parent.name == "locks" else str(path)
+
+
+def parse_lock(path: Path) -> tuple[dict[str, str], list[Locked]]:
+    """(header fields, requirements) of a lock file written by `make lock` (uv pip compile --generate-hashes)."""
     if not path.exists():
-        raise ConfigError(f"{path.relative_to(path.parents[2])}: missing; fix: make lock")
+        raise ConfigError(f"{_lock_name(path)}: missing; fix: make lock")
     lines = path.read_text().splitlines()
     header = _HEADER_RE.match(lines[0]) if lines else None
     if not header:
-        raise ConfigError(f"{path.name}: first line is not a stackproof lock header; fix: make lock")
-    pins = {}
-    for line in lines:
-        match = _PIN_RE.match(line)
-        if match:
-            pins[canonicalize_name(match.group(1))] = match.group(2)
+        raise ConfigError(f"{_lock_name(path)}: first line is not a stackproof lock header; fix: make lock")
+    entries, start, words = [], 0, []
+    for number, line in enumerate(lines, 1):
+        text = "" if line.lstrip().startswith("#") else line.split(" #", 1)[0].strip()
+        if not text and not words:
+            continue
+        if not words:
+            start = number
+        words += [(word, number) for word in text.removesuffix("\\").split()]
+        if text.endswith("\\"):
+            continue
+        hashes = [(w.removeprefix("--hash="), n) for w, n in words if w.startswith("--hash=")]
+        requirement_text = " ".join(w for w, _ in words if not w.startswith("--hash="))
+        words = []
+        try:
+            requirement = Requirement(requirement_text)
+        except InvalidRequirement:
+            requirement = None
+        entries.append(Locked(start, requirement_text, requirement, tuple(h for h, _ in hashes),
+                              tuple(n for _, n in hashes)))
     fields = dict(zip(("image", "python", "platform"), header.groups(), strict=True))
-    return fields, pins
+    return fields, entries
+
+
+def read_lock(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(header fields, {normalized name: version}) of a lock file."""
+    fields, entries = parse_lock(path)
+    return fields, {entry.name: entry.version for entry in entries if entry.version}
+
+
+def lock_problems(path: Path, entries: list[Locked]) -> list[str]:
+    """What makes a lock unusable, checked without the network: each requirement parses, is pinned with ==, has
+    a well-formed hash (sha256:<64 hex digits>), and no hash stands for two different files."""
+    where = _lock_name(path)
+    problems, owner = [], {}
+    for entry in entries:
+        at = f"{where} line {entry.line}"
+        if entry.requirement is None:
+            problems.append(f"{at}: not a requirement: {entry.text!r}; fix: make lock")
+            continue
+        if entry.version is None:
+            problems.append(f"{at}: {entry.name}: not pinned with == (found {str(entry.requirement.specifier)!r}); "
+                            "fix: make lock")
+            continue
+        pin = f"{entry.name}=={entry.version}"
+        if not entry.hashes:
+            problems.append(f"{at}: {pin} has no --hash (pip --require-hashes refuses it); fix: make lock")
+        for digest, line in zip(entry.hashes, entry.hash_lines, strict=True):
+            at = f"{where} line {line}"
+            if not _HASH_RE.match(digest):
+                problems.append(f"{at}: {pin}: --hash={digest}: expected sha256:<64 hex digits>; fix: make lock")
+            elif owner.setdefault(digest, (pin, line))[0] != pin:
+                problems.append(f"{at}: {pin}: --hash={digest} is also listed for {owner[digest][0]} (line "
+                                f"{owner[digest][1]}); one file cannot be both; fix: make lock")
+    return problems
+
+
+def _hash_problem(path: Path, entry: Locked, indexes: tuple[str, ...], online: bool) -> str | None:
+    """A line naming the hashes of `entry` that no index publishes for its version (online), or that an earlier
+    answer of an index cached on disk contradicts (offline). Cache hits never fail a check on their own: a miss
+    online is asked again."""
+    wanted = {d.removeprefix("sha256:") for d in entry.hashes}
+    published: dict[str, str] = {}
+    for index in indexes:
+        cached = package_index.cached_hashes(index, entry.name, entry.version)
+        if online and (cached is None or not wanted <= set(cached.values())):
+            cached = package_index.published_hashes(index, entry.name, entry.version)
+        published.update(cached or {})
+    if not published:
+        if not online:
+            return None
+        return (f"{_lock_name(path)} line {entry.line}: {entry.name}=={entry.version} is not on "
+                f"{', '.join(map(package_index.redact, indexes))} (pip's index); fix: make lock, or point pip at the "
+                "index the lock was made from (PIP_INDEX_URL)")
+    unknown = [(d, n) for d, n in zip(entry.hashes, entry.hash_lines, strict=True)
+               if d.removeprefix("sha256:") not in set(published.values())]
+    if not unknown:
+        return None
+    return (f"{_lock_name(path)} line {unknown[0][1]}: {entry.name}=={entry.version}: --hash={unknown[0][0]}"
+            f"{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''} is not the hash of any of its "
+            f"{len(published)} files on {', '.join(map(package_index.redact, indexes))}; the lock is corrupted or "
+            "stale; fix: make lock")
+
+
+def check_lock_hashes(path: Path, online: bool = True) -> list[str]:
+    """lock_problems, then every hash against the index pip is configured with: asked (online, pages fetched
+    in parallel and cached) or as cached from an earlier online check (offline)."""
+    _, entries = parse_lock(path)
+    problems = lock_problems(path, entries)
+    if problems:
+        return problems
+    indexes = package_index.pip_index_urls()
+    with ThreadPoolExecutor(INDEX_THREADS) as pool:
+        found = pool.map(lambda entry: _hash_problem(path, entry, indexes, online), entries)
+        return [line for line in found if line]
 
 
 def stack_versions(pins: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -141,8 +258,9 @@ def _stack_disagreements(image: Image, pins: dict[str, str]) -> list[tuple[str, 
 
 def _torch_metadata_pins(image: Image) -> tuple[dict[str, str], Requirement | None]:
     """(exact pins torch's wheel requires, torchvision's requirement on torch)."""
-    torch_reqs = wheel_meta.requirements(wheel_meta.wheel_metadata("torch", image.torch, image.python))
-    vision_reqs = wheel_meta.requirements(wheel_meta.wheel_metadata("torchvision", image.torchvision, image.python))
+    torch_reqs = wheel_meta.requirements(wheel_meta.wheel_metadata("torch", image.torch, image.python), image.python)
+    vision_reqs = wheel_meta.requirements(wheel_meta.wheel_metadata("torchvision", image.torchvision, image.python),
+                                          image.python)
     pins = {name: wheel_meta.exact_pin(req) or "" for name, req in torch_reqs.items()}
     return pins, vision_reqs.get("torch")
 
@@ -168,6 +286,7 @@ def check_image(image: Image, with_metadata: bool = True,
                         f"{package}=={found}; fix: make lock, or correct {component} in {MATRIX_PATH.name}")
     if image.flavor == "lab":
         problems += _lab_disagreements(image, lock)
+    problems += [f"{where}: {line}" for line in check_lock_hashes(image.lock_path, online=with_metadata)]
     if not with_metadata:
         return problems
     torch_pins, vision_on_torch = (metadata_source or _torch_metadata_pins)(image)
@@ -198,8 +317,8 @@ def _lab_disagreements(image: Image, lock: dict[str, str]) -> list[str]:
     return problems
 
 
-def check_matrix(matrix: Matrix, with_metadata: bool = True) -> list[str]:
-    problems = [line for image in matrix.images for line in check_image(image, with_metadata)]
-    if not VALIDATION_LOCK.exists():
-        problems.append(f"images/locks/{VALIDATION_LOCK.name}: missing; fix: make lock")
-    return problems
+def check_matrix(matrix: Matrix, with_metadata: bool = True, names: Iterable[str] = ()) -> list[str]:
+    """check_image for each image (`names`, default all), then the validation lock every image installs."""
+    chosen = [matrix.get(name) for name in names] or list(matrix.images)
+    problems = [line for image in chosen for line in check_image(image, with_metadata)]
+    return problems + check_lock_hashes(VALIDATION_LOCK, online=with_metadata)

@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the matrix names Python 3.10 images, and their validation layer runs this (tomli is in pyproject)
+    import tomli as tomllib
 
 from stackproof.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MATRIX_PATH = REPO_ROOT / "images" / "matrix.toml"
 LOCKS_DIR = REPO_ROOT / "images" / "locks"
-TAG_REPOSITORY = "stackproof/pytorch"
+# Images are tagged <namespace>/pytorch:<version tag> and <namespace>/validation:<version tag>.
+NAMESPACE = "stackproof"
+RUNTIME_REPOSITORY = "pytorch"
+TAG_REPOSITORY = f"{NAMESPACE}/{RUNTIME_REPOSITORY}"
 # lab: the validation image of a runtime entry (named by 'from') plus JupyterLab; it inherits every other version.
 FLAVORS = ("runtime", "devel", "lab")
 LAB_FIELDS = ("name", "flavor", "from", "jupyterlab")
@@ -44,8 +51,17 @@ class Image:
     jupyterlab: str = ""
 
     @property
+    def version_tag(self) -> str:
+        """What follows the ':' in every tag of this image, e.g. 2.14.1-cu13.0-runtime."""
+        return f"{self.torch}-cu{self.cuda}-{self.flavor}"
+
+    def tag_in(self, namespace: str) -> str:
+        return f"{namespace}/{RUNTIME_REPOSITORY}:{self.version_tag}"
+
+    @property
     def tag(self) -> str:
-        return f"{TAG_REPOSITORY}:{self.torch}-cu{self.cuda}-{self.flavor}"
+        """The shipped tag, e.g. stackproof/pytorch:2.14.1-cu13.0-runtime."""
+        return self.tag_in(NAMESPACE)
 
     @property
     def lock_path(self) -> Path:

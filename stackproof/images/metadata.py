@@ -1,45 +1,60 @@
-"""Read a wheel's own METADATA straight from PyPI without downloading the wheel.
+"""Read a wheel's own METADATA straight from the package index without downloading the wheel.
 
 torch wheels are ~1 GB; the zip central directory sits at the end, so three HTTP range reads fetch
-the few KB we need (pip's and uv's "lazy wheel" trick). PyPI serves no PEP 658 metadata for torch.
+the few KB we need (pip's and uv's "lazy wheel" trick): indexes serve no PEP 658 metadata for torch.
 """
 
 from __future__ import annotations
 
 import io
-import json
-import os
-import re
-import ssl
+import urllib.parse
 import urllib.request
 import zipfile
-from pathlib import Path
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from stackproof.errors import ConfigError
+from stackproof.images import index as package_index
+from stackproof.images.index import CACHE_DIR
 
-SIMPLE_INDEX = os.environ.get("STACKPROOF_SIMPLE_INDEX", "https://pypi.org/simple")
-CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stackproof" / "metadata"
-TIMEOUT_S = 60
+# The images' CPU and libc floor: torch's own Linux wheels are manylinux_2_28 x86_64.
+ARCH = "x86_64"
+GLIBC_MINOR = 28
 _READ_AHEAD = 256 * 1024
 
 
-def _ssl_context() -> ssl.SSLContext:
-    # Behind a proxy the CA bundle comes from the same variables pip and curl honour.
-    cafile = os.environ.get("SSL_CERT_FILE") or os.environ.get("PIP_CERT") or os.environ.get("REQUESTS_CA_BUNDLE")
-    return ssl.create_default_context(cafile=cafile if cafile and os.path.exists(cafile) else None)
+def platform_tags() -> list[str]:
+    """The wheel platforms an image can install, newest first (manylinux_2_28 down, with the legacy aliases)."""
+    aliases = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags = []
+    for minor in range(GLIBC_MINOR, 4, -1):
+        tags.append(f"manylinux_2_{minor}_{ARCH}")
+        if minor in aliases:
+            tags.append(f"{aliases[minor]}_{ARCH}")
+    return tags
+
+
+def supported_tags(python: str) -> set[Tag]:
+    """Every wheel tag CPython `python` (e.g. '3.13') installs on the images' platform."""
+    version = tuple(int(part) for part in python.split("."))
+    interpreter = "cp" + "".join(map(str, version))
+    return {*cpython_tags(version, abis=[interpreter], platforms=platform_tags()),
+            *compatible_tags(version, interpreter, platforms=platform_tags())}
+
+
+def marker_environment(python: str) -> dict[str, str]:
+    """PEP 508 marker values of the images: CPython `python` on Linux x86_64, no extra requested."""
+    return {"python_version": python, "python_full_version": f"{python}.0", "implementation_name": "cpython",
+            "implementation_version": f"{python}.0", "platform_python_implementation": "CPython",
+            "os_name": "posix", "sys_platform": "linux", "platform_system": "Linux", "platform_machine": ARCH,
+            "platform_release": "", "platform_version": "", "extra": ""}
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> bytes:
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=_ssl_context()) as response:
-            return response.read()
-    except OSError as err:
-        raise ConfigError(f"could not read {url}: {err} (set STACKPROOF_SIMPLE_INDEX for a mirror, "
-                          "SSL_CERT_FILE for a proxy CA)") from None
+    return package_index.get(url, headers)[0]
 
 
 class _HttpRangeFile(io.RawIOBase):
@@ -76,17 +91,32 @@ class _HttpRangeFile(io.RawIOBase):
         return data
 
 
-def _wheel_file(package: str, version: str, python: str) -> dict:
-    """The simple-API entry of the Linux x86_64 wheel of package==version for CPython `python`."""
-    index = json.loads(_get(f"{SIMPLE_INDEX}/{package}/", {"Accept": "application/vnd.pypi.simple.v1+json"}))
-    tag = "cp" + python.replace(".", "")
-    name = f"{re.escape(package)}-{re.escape(version)}"
-    pattern = re.compile(rf"^{name}-(?:{tag}-{tag}|py3-none)-manylinux.*x86_64\.whl$")
-    for entry in index["files"]:
-        if pattern.match(entry["filename"]) and not entry.get("yanked"):
-            return entry
-    raise ConfigError(f"{package}=={version}: no Linux x86_64 wheel for Python {python} on {SIMPLE_INDEX} "
+def _wheel_file(package: str, version: str, python: str) -> package_index.IndexFile:
+    """The index entry of package==version's wheel for CPython `python` on the images' platform, from the first of
+    pip's indexes that has one."""
+    supported = supported_tags(python)
+    indexes = package_index.pip_index_urls()
+    for index in indexes:
+        for entry in package_index.project_files(index, package) or []:
+            try:
+                name, found, _, tags = parse_wheel_filename(entry.filename)
+            except InvalidWheelFilename:
+                continue
+            if (name == canonicalize_name(package) and found == Version(version) and not entry.yanked
+                    and tags & supported):
+                return entry
+    where = ", ".join(package_index.redact(i) for i in indexes)
+    raise ConfigError(f"{package}=={version}: no wheel for CPython {python} on {ARCH} Linux on {where} "
                       f"(is the version right? is {package} {version} built for Python {python}?)")
+
+
+def _open_wheel(entry: package_index.IndexFile) -> zipfile.ZipFile:
+    if entry.url.startswith("file:"):
+        return zipfile.ZipFile(urllib.request.url2pathname(urllib.parse.urlsplit(entry.url).path))
+    size = entry.size
+    if size is None:  # PEP 503 pages give no size
+        size = int(package_index.get(entry.url, method="HEAD")[1]["content-length"])
+    return zipfile.ZipFile(_HttpRangeFile(entry.url, size))
 
 
 def wheel_metadata(package: str, version: str, python: str) -> str:
@@ -94,8 +124,7 @@ def wheel_metadata(package: str, version: str, python: str) -> str:
     cached = CACHE_DIR / f"{package}-{version}-cp{python.replace('.', '')}.METADATA"
     if cached.exists():
         return cached.read_text()
-    entry = _wheel_file(package, version, python)
-    with zipfile.ZipFile(_HttpRangeFile(entry["url"], entry["size"])) as wheel:
+    with _open_wheel(_wheel_file(package, version, python)) as wheel:
         name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
         text = wheel.read(name).decode()
     cached.parent.mkdir(parents=True, exist_ok=True)
@@ -103,14 +132,16 @@ def wheel_metadata(package: str, version: str, python: str) -> str:
     return text
 
 
-def requirements(metadata: str) -> dict[str, Requirement]:
-    """Every unconditional-or-Linux `Requires-Dist` of a METADATA text, by normalized name (extras left out)."""
+def requirements(metadata: str, python: str) -> dict[str, Requirement]:
+    """Every `Requires-Dist` of a METADATA text that applies in the image (CPython `python`, Linux x86_64, no
+    extras), by normalized name."""
+    environment = marker_environment(python)
     found: dict[str, Requirement] = {}
     for line in metadata.splitlines():
         if not line.startswith("Requires-Dist:"):
             continue
         requirement = Requirement(line.split(":", 1)[1].strip())
-        if requirement.marker and "extra" in str(requirement.marker):
+        if requirement.marker and not requirement.marker.evaluate(environment):
             continue
         found[canonicalize_name(requirement.name)] = requirement
     return found

@@ -26,7 +26,7 @@ from pathlib import Path
 from stackproof.errors import ConfigError, StackproofError
 from stackproof.images import bake, sbom
 from stackproof.images.locks import VALIDATION_LOCK, lock_digest
-from stackproof.images.matrix import Image, Matrix, load_matrix
+from stackproof.images.matrix import NAMESPACE, Image, Matrix, load_matrix
 
 PUSH_TIMEOUT_S = 3600
 TOOL_TIMEOUT_S = 300
@@ -68,19 +68,19 @@ def immutable_tag(image: Image, layer: str, revision: str) -> str:
 
 
 def _readable(image: Image, layer: str) -> str:
-    return (bake.validation_tag(image) if layer == "validation" else image.tag).split(":", 1)[1]
+    return image.version_tag  # the same for both layers (bake.validation_tag)
 
 
 def layers(image: Image) -> tuple[str, ...]:
     return ("runtime",) if image.flavor == "lab" else ("runtime", "validation")
 
 
-def plan(image: Image, registry: str, revision: str) -> list[Shipped]:
+def plan(image: Image, registry: str, revision: str, namespace: str = NAMESPACE) -> list[Shipped]:
     if not _REGISTRY.match(registry):
         raise ConfigError(f"REGISTRY={registry!r}: expected host[:port]/prefix, e.g. localhost:5000/stackproof")
     shipped = []
     for layer in layers(image):
-        local = bake.validation_tag(image) if layer == "validation" else image.tag
+        local = bake.validation_tag(image, namespace) if layer == "validation" else image.tag_in(namespace)
         name = local.split(":", 1)[0].rsplit("/", 1)[-1]  # pytorch | validation, whatever the local namespace
         shipped.append(Shipped(image, layer, local, f"{registry.rstrip('/')}/{name}", _readable(image, layer),
                                immutable_tag(image, layer, revision)))
@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         which.add_argument("--all", action="store_true", help="every image of the matrix")
         if name != "audit":
             command.add_argument("--registry", required=True, metavar="HOST[:PORT]/PREFIX")
+            command.add_argument("--namespace", default=NAMESPACE, help="the local images' tag namespace "
+                                 "(make build NAMESPACE=...; default: %(default)s)")
             command.add_argument("--revision", required=name != "verify", default="",
                                  help="git revision the images were built from (its first 12 hex go in the tag)")
     commands["sign"].add_argument("--key", required=True, type=Path, help="cosign private key (cosign.key)")
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"verified {reference}: signature and SBOM attestation ({verify(reference, args.key)})")
             return 0
         for image in images:
-            for item in plan(image, args.registry, args.revision or "0" * 12):
+            for item in plan(image, args.registry, args.revision or "0" * 12, args.namespace):
                 if args.command == "push":
                     pushed = push(item)
                     print(f"pushed {pushed['reference']}  tags: {', '.join(pushed['tags'])}  "
