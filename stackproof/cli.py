@@ -100,9 +100,7 @@ def _images(args: argparse.Namespace) -> int:
             locks.lock_validation()
         return 0
     if args.images_command == "check":
-        problems = [p for image in chosen for p in locks.check_image(image, with_metadata=not args.offline)]
-        if not args.names and not locks.VALIDATION_LOCK.exists():
-            problems.append("images/locks/validation.txt: missing; fix: make lock")
+        problems = locks.check_matrix(matrix, with_metadata=not args.offline, names=args.names)
         for problem in problems:
             print(problem, file=sys.stderr)
         if problems:

@@ -241,7 +241,7 @@ def test_pull_by_digest_and_validate_the_pulled_copy_on_cpu(pushed, signed, tmp_
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
         assert "# Verdict: OK" in run.stdout
         report = json.loads((reports / "report.json").read_text())
-        assert report["context"]["world_size"] == 2
+        assert report["world"]["size"] == 2
         assert any(c["name"].startswith("collectives::") and c["outcome"] == "passed" for c in report["checks"])
     finally:
         # Put the local tags back from the pulled (digest-checked) copies, for whatever runs next.

@@ -19,7 +19,8 @@ set -euo pipefail
 # Run from a checkout without installing: put the repository on PYTHONPATH (images already have it there).
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ -f "$here/../../stackproof/__init__.py" ]; then
-    export PYTHONPATH="$(cd "$here/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+    repo="$(cd "$here/../.." && pwd)"
+    export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
 flags=()

@@ -12,6 +12,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackproof.errors import ConfigError
@@ -103,21 +104,8 @@ def _padded(release: tuple[int, ...], fields: int) -> tuple[int, ...]:
     return (release + (0,) * fields)[:fields]
 
 
-def read_lock(path: Path) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)==([^\s;\\]+)", line)
-        if match:
-            pins[_normalize(match.group(1))] = match.group(2)
-    return pins
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def installed_versions() -> dict[str, str]:
-    return {_normalize(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()
+    return {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()
             if d.metadata["Name"]}
 
 

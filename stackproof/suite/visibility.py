@@ -38,7 +38,8 @@ def no_gpu_verdict(settings: ValidateConfig, visible: int, out: IO[str], write_r
     if not expected or visible:
         return None
     message = (f"no GPU visible, but GPUs were expected ({why}): expected >= {expected}, found {visible}; "
-               "fix: give the container its GPUs (docker run --gpus all; Kubernetes: an nvidia.com/gpu limit; "
+               "fix: give the container its GPUs (docker run --gpus all, or --device nvidia.com/gpu=all with CDI; "
+               "Kubernetes: an nvidia.com/gpu limit; "
                "Slurm: check gres.conf), or validate on CPU on purpose with --expect-gpus 0 "
                "(or -e NVIDIA_VISIBLE_DEVICES=void)")
     lines = [f"# stackproof validate: {message}"]
