@@ -177,7 +177,7 @@ class Report:
             "message": self.message,
             "complete": self.complete,
             "started": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(
-                timespec="seconds"),
+                timespec="milliseconds"),
             "wall_time_s": round(self.wall_time_s if self.wall_time_s is not None else time.time() - self.started, 3),
             "settings": self.settings,
             "host": {"platform": platform.platform(), "python": platform.python_version()},
