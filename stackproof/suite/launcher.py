@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from stackproof.errors import ConfigError
-from stackproof.suite import pins, verdict
+from stackproof.suite import pins, topology, verdict
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.dist import launched_by_a_launcher
 from stackproof.suite.visibility import no_gpu_verdict
@@ -32,9 +32,11 @@ def validate(settings: ValidateConfig) -> int:
 
     if launched_by_a_launcher():
         return worker.run(settings)
-    import torch
+    visible = topology.visible_count()
+    if visible is None:  # no NVML here: ask CUDA itself
+        import torch
 
-    visible = torch.cuda.device_count()
+        visible = torch.cuda.device_count()
     no_gpu = no_gpu_verdict(settings, visible, sys.stdout)
     if no_gpu is not None:
         return no_gpu

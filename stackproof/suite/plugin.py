@@ -38,6 +38,8 @@ FIGURES_KEY = pytest.StashKey[dict]()
 PENDING_KEY = pytest.StashKey[list]()
 # The run's exit code, as every rank learns it from rank 0 at the end (srun takes the highest of its tasks').
 VERDICT_KEY = pytest.StashKey[int]()
+# Run by stackproof's worker, which leaves the process at once afterwards (no teardown to wait for).
+WORKER_KEY = pytest.StashKey[bool]()
 
 
 class Handover:
@@ -55,6 +57,7 @@ class Handover:
         config.stash[SETTINGS_KEY] = self.settings
         config.stash[STDOUT_KEY] = self.stdout
         config.stash[LAUNCHED_KEY] = self.launched
+        config.stash[WORKER_KEY] = True
 
 
 class Recorder:
@@ -301,4 +304,5 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         # the launcher (torchrun) stops the other ranks when this one exits non-zero.
         sys.stdout.flush()
         os._exit(report.exit_code)
-    sp_dist.shutdown()
+    if not config.stash.get(WORKER_KEY, False):
+        sp_dist.shutdown()

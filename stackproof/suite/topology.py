@@ -231,3 +231,12 @@ def by_uuid(inv: Inventory, uuid: str) -> Gpu | None:
 
 def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def visible_count() -> int | None:
+    """How many GPUs this process can use, from NVML (no CUDA context, no torch import: the launcher's start-up
+    stays short); None when NVML cannot answer."""
+    try:
+        return len(visible(inventory(), cuda_visible_devices()))
+    except NvmlUnavailable:
+        return None
