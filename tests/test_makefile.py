@@ -26,7 +26,10 @@ def clone(tmp_path):
 
 
 def dry_run(repo, *args):
-    proc = subprocess.run(["make", "-n", *args], cwd=repo, capture_output=True, text=True, timeout=60)
+    # As a user's shell would run it, also when these tests run under `make test` (no outer make's flags).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    proc = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=repo, capture_output=True, text=True,
+                          timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
