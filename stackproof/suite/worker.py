@@ -17,7 +17,7 @@ from typing import IO
 import pytest
 
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite import smoke_tests_dir
+from stackproof.suite import smoke_tests_dir, verdict
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.dist import adopt_slurm_env, world_size_from_env
 from stackproof.suite.plugin import Handover
@@ -83,6 +83,8 @@ def _run(settings: ValidateConfig) -> int:
     if no_gpu is not None:
         return no_gpu
     settings.check_world(world_size_from_env())
+    if rank == 0 and not launched:  # started by torchrun or srun directly: nobody prepared the folder
+        verdict.prepare(reports)
     _nccl_debug_to_file(reports)
     log = reports / "logs" / f"rank{rank}.log"
     suite = smoke_tests_dir()
