@@ -10,15 +10,26 @@ from typing import Any
 OUTCOME_ORDER = ("passed", "skipped", "failed")
 
 
-def odd_ones_out(values: Sequence[Hashable]) -> list[int]:
-    """Ranks whose value differs from the majority's. A tie goes to the value of the lowest rank among the
-    most common ones (with two ranks, rank 0 is the reference)."""
-    if not values:
-        return []
-    counts = Counter(values)
-    top = max(counts.values())
-    reference = next(v for v in values if counts[v] == top)
-    return [rank for rank, value in enumerate(values) if value != reference]
+def majority(values: Sequence[Hashable], trusted: Sequence[bool] | None = None) -> Hashable | None:
+    """The value more trusted positions share than any other; None on a tie (no value can be trusted).
+    Every position votes when `trusted` is None or trusts none."""
+    voters = [v for v, ok in zip(values, trusted or [True] * len(values), strict=True) if ok] or list(values)
+    ranked = Counter(voters).most_common(2)
+    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]
+
+
+def odd_ones_out(values: Sequence[Hashable], trusted: Sequence[bool] | None = None,
+                 tie_goes_to_rank_0: bool = True) -> list[int]:
+    """Ranks whose value differs from the majority's. On a tie the reference is the value of the lowest rank among
+    the most common ones (with two ranks, rank 0's: DDP broadcasts rank 0's state, so it is the reference by
+    construction), or, with tie_goes_to_rank_0=False, every rank stands out (1 against 1: nobody can be trusted)."""
+    reference = majority(values, trusted)
+    if reference is None and tie_goes_to_rank_0 and values:
+        counts = Counter(values)
+        reference = next(v for v in values if counts[v] == max(counts.values()))
+    return [rank for rank, value in enumerate(values) if reference is None or value != reference]
 
 
 def joint_outcome(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:

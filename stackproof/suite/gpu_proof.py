@@ -4,7 +4,6 @@ the one below the median) that rank 0 takes on every rank's value."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import hashlib
 import math
@@ -13,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from stackproof.suite import topology
+from stackproof.suite import consensus, topology
 
 # Dense tensor-core FLOP per clock per SM for bf16 inputs (fp32 accumulate), by compute capability, from NVIDIA's
 # architecture whitepapers: A100 312 TFLOP/s = 108 SMs x 1410 MHz x 2048; H100 SXM 989.4 TFLOP/s = 132 SMs x
@@ -191,20 +190,9 @@ def gemm_flops_per_s(device: torch.device, n: int = 8192, dtype: torch.dtype = t
 
 # --- Cross-rank decisions (rank 0 takes them on every rank's value, in rank order) ------------------------------
 
-def majority(values: list, trusted: list[bool] | None = None) -> object | None:
-    """The value more trusted positions share than any other; None on a tie (no value can be trusted).
-    Every position votes when `trusted` is None or trusts none."""
-    voters = [v for v, ok in zip(values, trusted or [True] * len(values), strict=True) if ok] or values
-    ranked = collections.Counter(voters).most_common(2)
-    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
-        return None
-    return ranked[0][0]
-
-
 def odd_ones_out(values: list, trusted: list[bool] | None = None) -> list[int]:
     """The positions whose value is not the majority's; every position when there is no majority (1 against 1)."""
-    reference = majority(values, trusted)
-    return [i for i, value in enumerate(values) if reference is None or value != reference]
+    return consensus.odd_ones_out(values, trusted, tie_goes_to_rank_0=False)
 
 
 def below_median(values: list[float], tolerance: float) -> list[int]:
@@ -230,7 +218,7 @@ def odd_ones_out_by_model(entries: list[dict]) -> dict:
     for model, ranks in _by_model(entries).items():
         digests = [entries[r]["digest"] for r in ranks]
         trusted = [bool(entries[r].get("exact", True)) for r in ranks]
-        reference[model] = majority(digests, trusted)
+        reference[model] = consensus.majority(digests, trusted)
         odd += [{"rank": ranks[i], "found": digests[i], "expected": reference[model]}
                 for i in odd_ones_out(digests, trusted)]
     return {"odd": sorted(odd, key=lambda o: o["rank"]), "reference": reference}
