@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
-# A real two-node Slurm cluster on one host, for tests/test_launchers_slurm.py (CI runs this as root).
+# A real Slurm cluster of three nodes on one host, for tests/test_launchers_slurm.py and
+# tests/test_localize_slurm.py (CI runs this as root).
 #
-# Debian's munge + slurmctld + slurmd; two slurmd (`slurmd -N n1`, `-N n2`) on 127.0.0.1 with their own ports,
+# Debian's munge + slurmctld + slurmd; three slurmd (`slurmd -N n1`, `-N n2`, `-N n3`) on 127.0.0.1 with their own ports,
 # spool dirs and logs, so srun/sbatch place tasks on two distinct Slurm nodes (SLURMD_NODENAME differs; the
 # kernel and the hostname are the same). No GPUs (no gres), no cgroups (proctrack/linuxproc, task/none): it
 # works inside a container.
 #
-# Idempotent: a second run finds both nodes idle and returns in about a second. It refuses to overwrite a
+# Partitions: `debug` (the default) is n[1-2], what the launcher tests place jobs on; `trio` is n[1-3], for the
+# localization tests (a slow link is told from a slow node only with a third node).
+#
+# Idempotent: a second run finds every node up and returns in about a second. A node another test drained on
+# purpose (scontrol ... state=drain, e.g. the health-check mode's tests) counts as up and is left drained: this
+# script resumes only nodes Slurm itself marked down or drained (a slurmd that stopped answering). It refuses to overwrite a
 # slurm.conf it did not write. `slurm-cluster.sh stop` stops the daemons it started (by their pid files).
 #
 # Env: SLURM_CLUSTER_WAIT_S (default 60) how long to wait for both nodes to be idle;
-#      SLURM_CLUSTER_PORT_BASE (default 6817): slurmctld on BASE, slurmd n1/n2 on BASE+1/BASE+2.
+#      SLURM_CLUSTER_PORT_BASE (default 6817): slurmctld on BASE, slurmd n1/n2/n3 on BASE+1..BASE+3;
+#      SLURM_CONF (default /etc/slurm/slurm.conf) and SLURM_CLUSTER_NAME (default stackproof): a second,
+#      separate cluster on the same host (its own conf, state, pid and log dirs) takes both plus its own ports;
+#      Slurm's commands find it through the same SLURM_CONF.
 set -euo pipefail
 
 WAIT_S="${SLURM_CLUSTER_WAIT_S:-60}"
 PORT_BASE="${SLURM_CLUSTER_PORT_BASE:-6817}"
-CONF=/etc/slurm/slurm.conf
+CONF="${SLURM_CONF:-/etc/slurm/slurm.conf}"
+NAME="${SLURM_CLUSTER_NAME:-stackproof}"
 MARK="# written by stackproof scripts/ci/slurm-cluster.sh"
-STATE=/var/lib/stackproof-slurm
-RUN=/run/stackproof-slurm
-LOGS=/var/log/stackproof-slurm
-NODES=(n1 n2)
+STATE="/var/lib/$NAME-slurm"
+RUN="/run/$NAME-slurm"
+LOGS="/var/log/$NAME-slurm"
+export SLURM_CONF="$CONF"  # the daemons and sinfo/scontrol below read this cluster's conf
+NODES=(n1 n2 n3)
 
 log() { printf 'slurm-cluster: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -52,15 +63,23 @@ if [ "${1:-}" = stop ]; then
     exit 0
 fi
 
-both_idle() {
-    # Both nodes answer and are idle (or mixed/allocated: up and usable), none down/drained.
+all_up() {
+    # Every node's slurmd answers: idle, mixed or allocated, or drained on purpose by someone (not by Slurm).
     local states
-    states="$(timeout 10 sinfo --Node --noheader --nodes='n[1-2]' --format='%N %t' 2>/dev/null)" || return 1
-    [ "$(grep -cE '^n[12] (idle|mix|alloc)$' <<<"$states")" = 2 ]
+    states="$(timeout 10 sinfo --Node --noheader --nodes='n[1-3]' --format='%N %t' 2>/dev/null)" || return 1
+    [ "$(grep -cE '^n[123] (idle|mix|alloc|drain|drng|drained)$' <<<"$states")" = "${#NODES[@]}" ] && [ -z "$(lost)" ]
+}
+
+# Nodes Slurm took out itself (down, or drained because their slurmd stopped answering or a task could not be
+# killed): these come back once their slurmd answers. A drain with any other reason is someone's decision.
+lost() {
+    timeout 10 sinfo --Node --noheader --nodes='n[1-3]' --format='%N|%t|%E' 2>/dev/null |
+        awk -F'|' '$2 ~ /^(down|fail)/ || ($2 ~ /^drain/ && $3 ~ /^(Not responding|Kill task failed|Node unexpectedly rebooted)/) {print $1}' |
+        paste -sd, -
 }
 
 start=$SECONDS
-if command -v sinfo >/dev/null 2>&1 && grep -qsF "$MARK" "$CONF" && running "$RUN/slurmctld.pid" && both_idle; then
+if command -v sinfo >/dev/null 2>&1 && grep -qsF "$MARK" "$CONF" && running "$RUN/slurmctld.pid" && all_up; then
     log "cluster already up: $(sinfo --noheader --format='%P %D %t %N' | tr '\n' ' ')"
     exit 0
 fi
@@ -107,7 +126,7 @@ fi
 if [ -e "$CONF" ] && ! grep -qsF "$MARK" "$CONF"; then
     die "$CONF exists and was not written by this script; move it away to run the test cluster here"
 fi
-install -d -m 0755 /etc/slurm "$STATE/ctld" "$STATE/d" "$RUN" "$LOGS"
+install -d -m 0755 "$(dirname "$CONF")" "$STATE/ctld" "$STATE/d" "$RUN" "$LOGS"
 host="$(hostname -s)"
 # Each emulated node offers at least 4 CPUs (config_overrides: slurmd takes the configured count, not the
 # host's), so a job can run 4 ranks per node (8 in all) on a 2-core machine, as a small fleet would.
@@ -116,7 +135,7 @@ cpus="$(nproc)"
 cat >"$CONF.new" <<CONF
 $MARK
 # Two emulated nodes on one host: a real multi-node cluster for the launcher tests. Not for production.
-ClusterName=stackproof
+ClusterName=$NAME
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$PORT_BASE
 SlurmdPort=$((PORT_BASE + 1))
@@ -155,7 +174,9 @@ KillWait=5
 Waittime=0
 NodeName=n1 NodeAddr=127.0.0.1 NodeHostname=$host Port=$((PORT_BASE + 1)) CPUs=$cpus State=UNKNOWN
 NodeName=n2 NodeAddr=127.0.0.1 NodeHostname=$host Port=$((PORT_BASE + 2)) CPUs=$cpus State=UNKNOWN
+NodeName=n3 NodeAddr=127.0.0.1 NodeHostname=$host Port=$((PORT_BASE + 3)) CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=60 State=UP OverSubscribe=YES
+PartitionName=trio Nodes=n[1-3] MaxTime=60 State=UP OverSubscribe=YES
 CONF
 changed=1
 if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new"; then changed=0; fi
@@ -181,19 +202,18 @@ for node in "${NODES[@]}"; do
     fi
 done
 
-# --- wait for both nodes idle -------------------------------------------------------------------------------
+# --- wait for every node up -------------------------------------------------------------------------------
 deadline=$((SECONDS + WAIT_S))
-until both_idle; do
-    for pidfile in "$RUN/slurmctld.pid" "$RUN"/slurmd-n[12].pid; do
+until all_up; do
+    for pidfile in "$RUN/slurmctld.pid" "$RUN"/slurmd-n[123].pid; do
         running "$pidfile" || die "$(basename "$pidfile" .pid) is not running; its log: $(tail -n 3 "$LOGS/$(basename "$pidfile" .pid).log" 2>/dev/null)"
     done
     if [ "$SECONDS" -ge "$deadline" ]; then
         sinfo --Node --noheader --format='%N %t %E' >&2 || true
-        die "nodes n1, n2 not idle after ${WAIT_S}s; logs: $LOGS/"
+        die "nodes ${NODES[*]} not up after ${WAIT_S}s; logs: $LOGS/"
     fi
-    # A node left down or drained by an earlier run (a killed slurmd) comes back once its slurmd answers.
-    down="$(sinfo --Node --noheader --nodes='n[1-2]' --format='%N %t' 2>/dev/null |
-            awk '$2 ~ /^(down|drain|drng|fail)/ {print $1}' | paste -sd, -)" || true
+    # A node left down by an earlier run (a killed slurmd) comes back once its slurmd answers.
+    down="$(lost)" || true
     [ -z "$down" ] || scontrol update nodename="$down" state=resume >/dev/null 2>&1 || true
     sleep 1
 done
