@@ -14,7 +14,7 @@ from typing import Any
 
 from stackproof.errors import ConfigError
 
-FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu")
+FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu", "slow-node", "slow-link")
 TIERS = ("full", "fast")
 REPORTS_ENV = "STACKPROOF_REPORTS"
 # A check may run this much longer than --timeout before the watchdog names the rank holding it up: the
@@ -116,8 +116,25 @@ class ValidateConfig:
                                            "/etc/stackproof/expected.json)", metavar="PATH")
     reports: str = option(help=f"where report.json, junit.xml and rank logs go (default ${REPORTS_ENV} or "
                                "./reports)", metavar="DIR", factory=lambda: os.environ.get(REPORTS_ENV, "reports"))
+    pair_bytes: int | None = option(None, "bytes each pair of ranks sends each way per exchange in the pairwise "
+                                          "pass (default 256M on GPU, 1M on CPU)", metavar="SIZE", parse=parse_bytes,
+                                    check=_at_least(4))
+    min_pair_gbps: float | None = option(None, "bandwidth (GB/s, each direction) every node pair, and every local "
+                                               "pair without an NVML link (CPU ranks), must reach in the pairwise pass "
+                                               "(default: --pair-tolerance below the job's reference)",
+                                         metavar="GBPS", check=_at_least(0))
+    pair_tolerance: float = option(0.25, "a pair slower than the job's reference (the median over nodes, or GPUs, of "
+                                         "each one's best pair) by more than this fraction is slow", metavar="F",
+                                   check=_fraction)
+    straggler_tolerance: float = option(0.10, "a rank whose own work before a collective (or DDP step) takes this "
+                                              "fraction longer than the job's median is a straggler", metavar="F",
+                                        check=_positive)
     inject_fault: str | None = option(None, "break something on purpose on --fault-rank, to prove the suite "
-                                            "fails when it should", choices=FAULTS)
+                                            "fails when it should; slow-node: every rank on the fault rank's node "
+                                            "holds back each send and its timed work (4x slower); slow-link: only "
+                                            "sends between the fault rank's node and the next node (node+1 mod "
+                                            "nodes) are held back (on one node: between the fault rank and the next "
+                                            "local rank)", choices=FAULTS)
     fault_rank: int = option(1, "rank that --inject-fault breaks", metavar="R", check=_at_least(0))
     select: str | None = option(None, "run only checks matching this pytest -k expression", flag="-k",
                                 metavar="EXPR")

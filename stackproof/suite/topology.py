@@ -240,3 +240,46 @@ def visible_count() -> int | None:
         return len(visible(inventory(), cuda_visible_devices()))
     except NvmlUnavailable:
         return None
+
+
+# nvmlDeviceGetTopologyCommonAncestor's levels, in nvidia-smi topo -m's words.
+PCIE_PATHS = {0: "same board", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PairLink:
+    kind: str  # NVLink | PCIe | unknown
+    gbps: float  # peak per direction; 0.0 when unknown
+    label: str  # "NVLink 18 links x 26562 MB/s", "PCIe gen5 x16 (PHB)"
+
+
+def pair_link(nvml, a: Gpu, b: Gpu) -> PairLink:
+    """The link between two GPUs of this node, by NVML index: NVLink when NVML says the pair can talk over it
+    (links counted to b's PCI bus id; through an NVSwitch every link of the weaker GPU), else PCIe at the slower
+    GPU's max generation and width, with the path between them."""
+    errors: dict[str, str] = {}
+    first, second = nvml.nvmlDeviceGetHandleByIndex(a.index), nvml.nvmlDeviceGetHandleByIndex(b.index)
+    status = optional(nvml, errors, "P2P NVLink status", nvml.nvmlDeviceGetP2PStatus, first, second,
+                      nvml.NVML_P2P_CAPS_INDEX_NVLINK)
+    speed = min(a.nvlink_speed_mbps, b.nvlink_speed_mbps)
+    if status == nvml.NVML_P2P_STATUS_OK and speed:
+        direct = 0
+        for link in nvlinks_up(nvml, first, errors):
+            remote = optional(nvml, errors, f"NVLink {link} remote", nvml.nvmlDeviceGetNvLinkRemotePciInfo, first,
+                              link)
+            direct += remote is not None and _text(remote.busId) == b.pci_bus_id
+        links = direct or min(a.nvlink_active, b.nvlink_active)
+        return PairLink("NVLink", links * speed * 1e6 / GB, f"NVLink {links} links x {speed} MB/s")
+    slower = min((a, b), key=lambda g: g.pcie_gbps)
+    if not slower.pcie_gbps:
+        return PairLink("unknown", 0.0, "link unknown: NVML reports neither NVLink nor PCIe speed")
+    level = optional(nvml, errors, "common ancestor", nvml.nvmlDeviceGetTopologyCommonAncestor, first, second)
+    path = f" ({PCIE_PATHS.get(level, level)})" if level is not None else ""
+    return PairLink("PCIe", slower.pcie_gbps, f"PCIe gen{slower.pcie_gen} x{slower.pcie_width}{path}")
+
+
+def pair_links(gpus: list[Gpu]) -> dict[tuple[int, int], PairLink]:
+    """Every pair of these GPUs (positions in the list, i < j: CUDA's order) and its link. Raises NvmlUnavailable."""
+    with nvml_session() as nvml:
+        return {(i, j): pair_link(nvml, gpus[i], gpus[j])
+                for i in range(len(gpus)) for j in range(i + 1, len(gpus))}

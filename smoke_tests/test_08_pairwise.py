@@ -1,0 +1,205 @@
+"""Pairwise bandwidth: every pair of local GPUs (a matrix, as nvbandwidth prints it) against the pair's NVML link,
+and every pair of nodes (round-robin, then suspects re-paired with nodes that passed), so that a slow GPU pair, node
+or link is named rather than a slow job. stackproof/suite/pairwise.py has the schedule and the decision."""
+
+import pytest
+import torch.distributed as dist
+
+from stackproof.suite import faults, identity, pairwise, topology
+
+MiB = 1 << 20
+pytestmark = pytest.mark.multi_rank
+
+
+def _nbytes(settings, dist_env) -> int:
+    return settings.pair_bytes or (256 * MiB if dist_env.is_gpu else MiB)
+
+
+@pytest.fixture(scope="module")
+def layout(dist_env):
+    """The pairs are computed from rank = node x local world + local rank (torchrun's and srun's block layout)."""
+    per_node = dist_env.local_world_size
+    odd = dist_env.agree([dist_env.node_rank, dist_env.local_rank, per_node], "the ranks' layout", lambda values: [
+        r for r, v in enumerate(values) if v != [r // per_node, r % per_node, per_node]])
+    if odd:
+        pytest.skip(f"rank(s) {odd} are not laid out node by node (rank = node x {per_node} + local rank, the same "
+                    "number of ranks on every node): the pairs cannot be formed; launch with a block distribution")
+    return per_node
+
+
+def _measure(dist_env, settings, rounds, me, rank_of):
+    nbytes = _nbytes(settings, dist_env)
+
+    def measure(peer):
+        return pairwise.exchange(peer, nbytes, dist_env.device, settings.warmup, settings.iters, settings.timeout,
+                                 faults.send_slow_down(settings, dist_env, peer))
+
+    done = pairwise.run_rounds(rounds, me, rank_of, measure,
+                               lambda: dist.barrier(device_ids=[dist_env.device.index] if dist_env.is_gpu else None))
+    return [ex.__dict__ for ex in done]
+
+
+def _own_figure(report, exchanges, nbytes) -> None:
+    """This rank's slowest exchange, into its own figures (report.json's rank_figures says who)."""
+    times = [ex["seconds"] for ex in exchanges]
+    if times:
+        worst = None if None in times else nbytes / max(times) / pairwise.GB
+        report.figure("slowest_exchange", "no answer" if worst is None else round(worst, 3), "GB/s")
+
+
+def _links(dist_env) -> dict | None:
+    """This node's GPU pairs and their NVML links (local rank 0 reads them for its node), by 'i,j'."""
+    if not dist_env.is_gpu or dist_env.local_rank != 0:
+        return None
+    try:
+        gpus = topology.visible(topology.inventory(), topology.cuda_visible_devices())
+        return {f"{i},{j}": link.__dict__ for (i, j), link in topology.pair_links(gpus).items()}
+    except topology.NvmlUnavailable as err:
+        return {"error": str(err)}
+
+
+def _blame(report, dist_env, verdict) -> None:
+    """Every rank named by the verdict fails with the same message: the node table then shows where."""
+    report.classify("interconnect", "triage")
+    report.hint("a pair below the bar: check its link (nvidia-smi nvlink -s, nvidia-smi topo -m; across nodes the "
+                "NIC, cable and switch port: ibstat, perfquery) and re-run the node against a known-good one")
+    if dist_env.rank in verdict["ranks"]:
+        raise AssertionError("; ".join(verdict["findings"]))
+
+
+@pytest.mark.fast
+def test_local_pairs(layout, dist_env, settings, report):
+    per_node = layout
+    if per_node < 2:
+        pytest.skip("one rank per node: no pair of local GPUs (or CPU ranks) to measure")
+    nbytes = _nbytes(settings, dist_env)
+    base = dist_env.node_rank * per_node
+    mine = {"exchanges": _measure(dist_env, settings, pairwise.round_robin(per_node), dist_env.local_rank,
+                                  lambda local: base + local),
+            "links": _links(dist_env), "node": identity.node_name()}
+
+    def decide(values):
+        figures, rails = pairwise.pair_figures([v["exchanges"] for v in values], lambda r: r, nbytes)
+        nodes = {r // per_node: values[r - r % per_node]["node"] for r in range(len(values))}
+        link_of = {}
+        for first in (n * per_node for n in nodes):
+            for key, link in (values[first]["links"] or {}).items():
+                if key != "error":
+                    i, j = map(int, key.split(","))
+                    link_of[(first + i, first + j)] = link
+        judged = {p: link_of[p]["gbps"] * settings.busbw_fraction for p in figures if link_of.get(p, {}).get("gbps")}
+        if judged and len(judged) == len(figures):  # every pair has an NVML link: each against its own bar
+            ratios = {p: None if g is None else g / judged[p] for p, g in figures.items()}
+            bar, source = 1.0, f"{settings.busbw_fraction:g} x each pair's NVML link peak (--busbw-fraction)"
+        else:
+            ratios = figures
+            found = pairwise.bar_for(figures, settings.pair_tolerance, settings.min_pair_gbps, "rank")
+            bar, source = found.gbps, found.source
+        accused, _ = pairwise.suspects(ratios, bar)
+        cross = {p: g for p, g in ratios.items() if (p[0] in accused) != (p[1] in accused)}
+        verdict = pairwise.localize(ratios, cross, bar)
+
+        def gpu(r):
+            return f"{'GPU' if dist_env.is_gpu else 'rank'} {r % per_node}"
+
+        def said(p):
+            link = link_of.get(p, {}).get("label") or ("CPU ranks, gloo" if not dist_env.is_gpu else "link unknown")
+            gbps = figures[p]
+            bar_text = f"; bar {judged[p]:.1f} GB/s" if p in judged else f"; bar {bar:.2f} GB/s" if bar else ""
+            return (f"{nodes[p[0] // per_node]}: {gpu(p[0])} <-> {gpu(p[1])} ({link}): "
+                    f"{'no answer' if gbps is None else f'{gbps:.2f} GB/s'}{bar_text}")
+
+        findings = [f"{gpu(m)} of {nodes[m // per_node]}: every pair slow, e.g. "
+                    f"{said(next(p for p in figures if m in p))}" for m in verdict["members"]]
+        findings += [said(p) + " (slow pair)" for p in verdict["links"] + verdict["unresolved"]]
+        ranks = sorted(set(verdict["members"]) | {r for p in verdict["links"] + verdict["unresolved"] for r in p})
+        rows = [{"node": nodes[p[0] // per_node], "a": p[0] % per_node, "b": p[1] % per_node, "ranks": list(p),
+                 "gbps": None if g is None else round(g, 3), "link": link_of.get(p, {}).get("label", ""),
+                 "bar_gbps": round(judged[p], 3) if p in judged else bar, "slow": pairwise.is_slow(ratios[p], bar),
+                 "rails": rails[p]} for p, g in sorted(figures.items())]
+        matrices = [{"node": nodes[n], "figures": [[a % per_node, b % per_node, g] for (a, b), g in figures.items()
+                                                   if a // per_node == n]} for n in sorted(nodes)]
+        return {"findings": findings, "ranks": ranks, "rows": rows, "matrices": matrices, "source": source,
+                "slowest": min((g for g in figures.values() if g is not None), default=None)}
+
+    verdict = dist_env.agree(mine, "the local pair bandwidths", decide)
+    label = "GPU" if dist_env.is_gpu else "rank"
+    for matrix in verdict["matrices"]:
+        figures = {(a, b): g for a, b, g in matrix["figures"]}
+        report.say("\n" + pairwise.format_matrix(
+            [f"{label} {i}" for i in range(per_node)], figures,
+            f"pairwise bandwidth on {matrix['node']}, {label} row <-> {label} column, {nbytes} B each way at once, "
+            f"{settings.iters} iters after {settings.warmup} warm-up, GB = 1e9 B, per direction"))
+    report.say(f"# bar: {verdict['source']}")
+    report.table("pairwise_local", verdict["rows"])
+    report.figure("pairs", len(verdict["rows"]))
+    if verdict["slowest"] is not None:
+        report.figure("slowest_pair", round(verdict["slowest"], 3), "GB/s")
+    _own_figure(report, mine["exchanges"], nbytes)
+    _blame(report, dist_env, verdict)
+
+
+def test_node_pairs(layout, dist_env, settings, report):
+    per_node, nodes = layout, dist_env.num_nodes
+    if nodes < 2:
+        pytest.skip("one node: no pair of nodes to measure")
+    nbytes = _nbytes(settings, dist_env)
+
+    def rank_of(node):
+        return node * per_node + dist_env.local_rank
+
+    first = _measure(dist_env, settings, pairwise.round_robin(nodes), dist_env.node_rank, rank_of)
+    kept = {}
+
+    def plan(values):
+        figures, rails = pairwise.pair_figures([v["exchanges"] for v in values], lambda r: r // per_node, nbytes)
+        bar = pairwise.bar_for(figures, settings.pair_tolerance, settings.min_pair_gbps, "node")
+        accused, passing = pairwise.suspects(figures, bar.gbps)
+        kept.update(figures=figures, rails=rails, bar=bar, names=[values[n * per_node]["node"] for n in range(nodes)])
+        return pairwise.retest_rounds(accused, passing)
+
+    retests = dist_env.agree({"exchanges": first, "node": identity.node_name()}, "the node pair bandwidths", plan)
+    second = _measure(dist_env, settings, [[tuple(p) for p in r] for r in retests], dist_env.node_rank, rank_of)
+
+    def decide(values):
+        again, _ = pairwise.pair_figures([v for v in values], lambda r: r // per_node, nbytes)
+        figures, bar, names = kept["figures"], kept["bar"], kept["names"]
+        verdict = pairwise.localize(figures, again, bar.gbps)
+
+        def gbps(value):
+            return "no answer" if value is None else f"{value:.2f} GB/s"
+
+        findings = [f"node {names[m]}: every pairing slow ({', '.join(f'with {names[b if a == m else a]} {gbps(g)}' for (a, b), g in {**figures, **again}.items() if m in (a, b))}; bar {bar.gbps} GB/s)"  # noqa: E501
+                    for m in verdict["members"]]
+        findings += [f"link {names[a]} <-> {names[b]}: {gbps(figures[(a, b)])}, both nodes fine with others "
+                     f"(bar {bar.gbps} GB/s)" for a, b in verdict["links"]]
+        findings += [f"{names[a]} <-> {names[b]}: {gbps(figures[(a, b)])} (bar {bar.gbps} GB/s); no node passed "
+                     "to re-test against, so a slow node and a slow link cannot be told apart" for a, b in
+                     verdict["unresolved"]]
+        blamed = set(verdict["members"]) | {n for p in verdict["links"] + verdict["unresolved"] for n in p}
+        rows = [{"a": names[a], "b": names[b], "pass": "first", "gbps": None if g is None else round(g, 3),
+                 "bar_gbps": bar.gbps, "slow": pairwise.is_slow(g, bar.gbps), "rails": kept["rails"][(a, b)]}
+                for (a, b), g in sorted(figures.items())]
+        rows += [{"a": names[a], "b": names[b], "pass": "retest", "gbps": None if g is None else round(g, 3),
+                  "bar_gbps": bar.gbps, "slow": pairwise.is_slow(g, bar.gbps)} for (a, b), g in sorted(again.items())]
+        return {"findings": findings, "ranks": [r for r in range(len(values)) if r // per_node in blamed],
+                "rows": rows, "names": names, "figures": [[a, b, g] for (a, b), g in figures.items()],
+                "bar": bar.gbps, "source": bar.source, "named_nodes": [names[m] for m in verdict["members"]],
+                "named_links": [[names[a], names[b]] for a, b in verdict["links"]]}
+
+    verdict = dist_env.agree(second, "the node pair re-tests", decide)
+    report.say("\n" + pairwise.format_matrix(
+        verdict["names"], {(a, b): g for a, b, g in verdict["figures"]},
+        f"pairwise bandwidth between nodes, row <-> column, slowest of {per_node} rail(s) (local rank k <-> local "
+        f"rank k), {nbytes} B each way at once, {settings.iters} iters after {settings.warmup} warm-up, "
+        "GB = 1e9 B, per direction"))
+    report.say(f"# bar: {verdict['bar']} GB/s ({verdict['source']})" if verdict["bar"] is not None
+               else f"# bar: none ({verdict['source']})")
+    report.table("pairwise_nodes", verdict["rows"])
+    report.context("pairwise_nodes", {"bar_gbps": verdict["bar"], "source": verdict["source"],
+                                      "nodes": verdict["named_nodes"], "links": verdict["named_links"]})
+    if verdict["bar"] is not None:
+        report.figure("bar", verdict["bar"], "GB/s")
+    report.figure("node_pairs", len(verdict["figures"]))
+    _own_figure(report, first, nbytes)
+    _blame(report, dist_env, verdict)
