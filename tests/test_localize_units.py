@@ -1,0 +1,172 @@
+"""The localization's pure parts: the round-robin schedule, the bar, the decision (pairs -> named nodes, links),
+the straggler rule, the fault's reach, the matrix as a contract."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+
+from stackproof.suite import faults, pairwise, stragglers
+from stackproof.suite.config import ValidateConfig
+
+
+@pytest.mark.parametrize("members", range(2, 18))
+def test_round_robin_meets_every_pair_once_in_disjoint_rounds(members):
+    rounds = pairwise.round_robin(members)
+    assert len(rounds) == (members - 1 if members % 2 == 0 else members)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == list(itertools.combinations(range(members), 2))
+    for r in rounds:
+        seen = [m for p in r for m in p]
+        assert len(seen) == len(set(seen)), f"a member twice in one round: {r}"
+        assert len(r) == members // 2
+
+
+def test_round_robin_of_one_is_empty():
+    assert pairwise.round_robin(1) == [] and pairwise.round_robin(0) == []
+
+
+def test_retest_pairs_each_suspect_with_a_passing_member():
+    assert pairwise.retest_rounds([1], [0, 2]) == [[(0, 1)]]
+    assert pairwise.retest_rounds([3, 5, 7], [0, 1]) == [[(0, 3), (1, 5)], [(0, 7)]]
+    assert pairwise.retest_rounds([0, 1], []) == []
+
+
+def _three(n1n2, n1n3, n2n3):
+    return {(0, 1): n1n2, (0, 2): n1n3, (1, 2): n2n3}
+
+
+def test_reference_is_the_median_of_each_members_best_pair():
+    # A bad node 1 is in 2 of the 3 pairs: the median of the pairs (1.0) would be its own level.
+    assert pairwise.reference_gbps(_three(1.0, 10.0, 1.0)) == 10.0
+    assert pairwise.reference_gbps({(0, 1): None}) is None
+
+
+def test_bar_from_override_or_reference():
+    assert pairwise.bar_for(_three(1, 10, 1), 0.25, 3.0, "node").gbps == 3.0
+    bar = pairwise.bar_for(_three(1, 10, 1), 0.25, None, "node")
+    assert bar.gbps == 7.5 and "median over nodes" in bar.source and "--pair-tolerance" in bar.source
+    two = pairwise.bar_for({(0, 1): 5.0}, 0.25, None, "node")
+    assert two.gbps is None and "--min-pair-gbps" in two.source
+
+
+def test_a_slow_node_is_named_after_its_retest():
+    first = _three(1.0, 10.0, 1.1)
+    bar = pairwise.bar_for(first, 0.25, None, "node").gbps
+    accused, passing = pairwise.suspects(first, bar)
+    assert (accused, passing) == ([1], [0, 2])
+    plan = pairwise.retest_rounds(accused, passing)
+    assert plan == [[(0, 1)]]
+    verdict = pairwise.localize(first, {(0, 1): 0.9}, bar)
+    assert verdict == {"members": [1], "links": [], "unresolved": [], "silent": []}
+
+
+def test_a_suspect_that_passes_its_retest_is_not_named_but_its_slow_pairs_are():
+    verdict = pairwise.localize(_three(1.0, 10.0, 1.1), {(0, 1): 9.5}, 7.5)
+    assert verdict["members"] == [] and verdict["links"] == [(0, 1), (1, 2)]
+
+
+def test_a_slow_link_is_named_not_its_nodes():
+    first = _three(10.0, 10.0, 1.0)
+    bar = pairwise.bar_for(first, 0.25, None, "node").gbps
+    assert pairwise.suspects(first, bar) == ([], [0, 1, 2])
+    assert pairwise.localize(first, {}, bar) == {"members": [], "links": [(1, 2)], "unresolved": [], "silent": []}
+
+
+def test_two_nodes_slow_cannot_be_told_apart():
+    verdict = pairwise.localize({(0, 1): 1.0}, {}, 5.0)
+    assert verdict["members"] == [] and verdict["unresolved"] == [(0, 1)] and verdict["links"] == []
+
+
+def test_a_pair_that_never_answered_is_slow_and_silent():
+    verdict = pairwise.localize(_three(None, 10.0, 10.0), {}, 7.5)
+    assert verdict["links"] == [(0, 1)] and verdict["silent"] == [(0, 1)]
+
+
+def test_clean_job_names_nothing():
+    first = {p: 10.0 + i * 0.1 for i, p in enumerate(itertools.combinations(range(8), 2))}
+    bar = pairwise.bar_for(first, 0.25, None, "node").gbps
+    assert pairwise.localize(first, {}, bar) == {"members": [], "links": [], "unresolved": [], "silent": []}
+
+
+def test_a_bad_node_among_eight_is_named_and_its_pairs_explained():
+    first = {(a, b): 1.0 if 5 in (a, b) else 10.0 for a, b in itertools.combinations(range(8), 2)}
+    bar = pairwise.bar_for(first, 0.25, None, "node").gbps
+    accused, passing = pairwise.suspects(first, bar)
+    assert accused == [5]
+    retest = {p: 1.0 for p in pairwise.retest_rounds(accused, passing)[0]}
+    assert pairwise.localize(first, retest, bar)["members"] == [5]
+    assert pairwise.localize(first, retest, bar)["links"] == []
+
+
+def test_pair_figures_take_the_slowest_rank_pair_and_name_rails():
+    # Two nodes of two ranks: rails (0<->2) and (1<->3); rank 3 saw its exchange take 4 s.
+    exchanges = [[{"peer": 2, "seconds": 1.0}], [{"peer": 3, "seconds": 1.0}],
+                 [{"peer": 0, "seconds": 1.5}], [{"peer": 1, "seconds": 4.0}]]
+    figures, rails = pairwise.pair_figures(exchanges, lambda r: r // 2, 8_000_000_000)
+    assert figures == {(0, 1): 2.0}
+    assert [(r["ranks"], r["gbps"]) for r in rails[(0, 1)]] == [([0, 2], 8 / 1.5), ([1, 3], 2.0)]
+    silent = [[{"peer": 1, "seconds": None, "error": "TimeoutError: no answer"}], [{"peer": 0, "seconds": 1.0}]]
+    figures, rails = pairwise.pair_figures(silent, lambda r: r, 1)
+    assert figures == {(0, 1): None} and rails[(0, 1)][0]["error"].startswith("TimeoutError")
+
+
+def test_matrix_follows_the_contract():
+    text = pairwise.format_matrix(["GPU 0", "GPU 1", "GPU 2"], {(0, 1): 380.5, (0, 2): None, (1, 2): 12.0},
+                                  "pairwise bandwidth, GB = 1e9 B")
+    lines = text.splitlines()
+    assert all(line.startswith("#") for line in lines[:2]) and "(GB/s)" in lines[1]
+    assert all(line.startswith("  ") for line in lines[2:]) and len(lines) == 5
+    assert lines[2].split() == ["GPU", "0", "-", "380.50", "N/A"]
+    assert lines[4].split() == ["GPU", "2", "N/A", "12.00", "-"]
+
+
+def test_late_ranks_against_the_median():
+    found = stragglers.late_ranks([1.0, 1.05, 2.0, None, 0.98], 0.10)
+    assert found["median"] == 1.025 and [s["rank"] for s in found["slow"]] == [2]
+    assert stragglers.late_ranks([1.0, 1.09, 1.0], 0.10)["slow"] == []
+    assert stragglers.late_ranks([None, None], 0.10) == {"median": None, "slow": []}
+
+
+def _env(node_rank, local_rank, local_world_size=2, num_nodes=3):
+    return SimpleNamespace(node_rank=node_rank, local_rank=local_rank, local_world_size=local_world_size,
+                           num_nodes=num_nodes)
+
+
+def test_slow_node_reaches_every_rank_of_the_fault_ranks_node():
+    settings = ValidateConfig(inject_fault="slow-node", fault_rank=3)  # node 1 of 2-rank nodes
+    assert faults.send_slow_down(settings, _env(1, 0), peer=0) == faults.SLOW_DOWN
+    assert faults.send_slow_down(settings, _env(1, 1), peer=5) == faults.SLOW_DOWN
+    assert faults.send_slow_down(settings, _env(0, 0), peer=2) == 0.0
+    assert faults.work_slow_down(settings, _env(1, 1)) == faults.SLOW_DOWN
+    assert faults.work_slow_down(settings, _env(2, 0)) == 0.0
+
+
+def test_slow_link_reaches_only_the_link_to_the_next_node():
+    settings = ValidateConfig(inject_fault="slow-link", fault_rank=2)  # node 1 -> the link n1 <-> n2 (0-based)
+    assert faults.send_slow_down(settings, _env(1, 0), peer=4) == faults.SLOW_DOWN
+    assert faults.send_slow_down(settings, _env(2, 1), peer=3) == faults.SLOW_DOWN
+    assert faults.send_slow_down(settings, _env(1, 0), peer=0) == 0.0  # node 1 <-> node 0: fine
+    assert faults.send_slow_down(settings, _env(1, 0), peer=3) == 0.0  # inside node 1: fine
+    assert faults.work_slow_down(settings, _env(1, 0)) == 0.0
+    one_node = ValidateConfig(inject_fault="slow-link", fault_rank=1)
+    assert faults.send_slow_down(one_node, _env(0, 1, 4, 1), peer=2) == faults.SLOW_DOWN
+    assert faults.send_slow_down(one_node, _env(0, 1, 4, 1), peer=0) == 0.0
+
+
+def test_new_flags_reach_every_rank_and_the_fault_semantics_are_in_help():
+    import argparse
+
+    settings = ValidateConfig(pair_bytes=1 << 20, min_pair_gbps=3.0, pair_tolerance=0.5, straggler_tolerance=0.2)
+    argv = settings.to_argv()
+    for flag in ("--pair-bytes", "--min-pair-gbps", "--pair-tolerance", "--straggler-tolerance"):
+        assert flag in argv, argv
+    parser = argparse.ArgumentParser()
+    ValidateConfig.add_arguments(parser)
+    assert ValidateConfig.from_args(parser.parse_args(argv)) == settings
+    text = " ".join(parser.format_help().split())
+    assert "slow-node: every rank on the fault rank's node" in text and "slow-link: only sends between" in text
+    with pytest.raises(Exception, match="--pair-tolerance"):
+        ValidateConfig(pair_tolerance=1.5)
