@@ -131,7 +131,7 @@ class ValidateConfig:
                                         check=_positive)
     inject_fault: str | None = option(None, "break something on purpose on --fault-rank, to prove the suite "
                                             "fails when it should; slow-node: every rank on the fault rank's node "
-                                            "holds back each send and its timed work (4x slower); slow-link: only "
+                                            "holds back each send and its timed work (10x slower); slow-link: only "
                                             "sends between the fault rank's node and the next node (node+1 mod "
                                             "nodes) are held back (on one node: between the fault rank and the next "
                                             "local rank)", choices=FAULTS)
