@@ -1,0 +1,48 @@
+"""Localization run for real on CPU ranks of this host (gloo): a slow link between two local ranks is named as
+that pair, not as a rank; the local pair matrix is part of the fast tier."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+RUN_TIMEOUT_S = 300
+# CPU ranks on a shared host: a wide tolerance (the fault is 10x; noise reaches 2x).
+TOLERANT = ["--pair-tolerance", "0.75", "--timeout", "60"]
+
+
+def validate(tmp_path, *args):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NVIDIA_VISIBLE_DEVICES", "STACKPROOF_REPORTS", "PYTEST_ADDOPTS")}
+    reports = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "stackproof", "validate", "--reports", str(reports), *args],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env={**env, "OMP_NUM_THREADS": "1"})
+    return proc, json.loads((reports / "report.json").read_text())
+
+
+def test_slow_link_between_two_local_ranks_names_that_pair(tmp_path):
+    proc, report = validate(tmp_path, "--nproc", "3", "-k", "local_pairs", "--inject-fault", "slow-link",
+                            "--fault-rank", "1", *TOLERANT)
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    (check,) = report["checks"]
+    assert check["name"] == "pairwise::local_pairs" and check["failed_ranks"] == [1, 2], check
+    assert re.search(r": rank 1 <-> rank 2 \(CPU ranks, gloo\): [0-9.]+ GB/s; bar [0-9.]+ GB/s \(slow pair\)",
+                     check["message"]), check["message"]
+    assert "every pair slow" not in check["message"]
+    rows = {(r["a"], r["b"]): r for r in report["tables"]["pairwise_local"]}
+    assert [pair for pair, r in rows.items() if r["slow"]] == [(1, 2)]
+    assert rows[(1, 2)]["gbps"] < rows[(0, 1)]["gbps"] / 4
+    # The matrix on stdout: three data rows, the slow cell in row 1, column 2.
+    matrix = [line.split() for line in proc.stdout.splitlines() if re.match(r"^ +rank \d ", line)]
+    assert len(matrix) == 3 and matrix[1][3] == "-", matrix
+    assert abs(float(matrix[1][4]) - rows[(1, 2)]["gbps"]) < 0.01, matrix
+
+
+def test_local_pairs_are_in_the_fast_tier_and_pass_clean(tmp_path):
+    proc, report = validate(tmp_path, "--nproc", "2", "--tier", "fast", *TOLERANT)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["pairwise::local_pairs"]["outcome"] == "passed"
+    assert "pairwise::node_pairs" not in checks and not any(n.startswith("stragglers::") for n in checks)
+    assert report["tables"]["pairwise_local"][0]["gbps"] > 0
