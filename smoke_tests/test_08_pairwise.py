@@ -59,8 +59,9 @@ def _links(dist_env) -> dict | None:
 
 
 def _blame(report, dist_env, verdict) -> None:
-    """Every rank named by the verdict fails with the same message: the node table then shows where."""
-    report.classify("interconnect", "triage")
+    """Every rank named by the verdict fails with the same message: the node table then shows where. A named node
+    or GPU is to be isolated; a slow link (its two ends are in the node table too) is to be triaged."""
+    report.classify("interconnect", "isolate" if verdict["members_named"] else "triage")
     report.hint("a pair below the bar: check its link (nvidia-smi nvlink -s, nvidia-smi topo -m; across nodes the "
                 "NIC, cable and switch port: ibstat, perfquery) and re-run the node against a known-good one")
     if dist_env.rank in verdict["ranks"]:
@@ -120,6 +121,7 @@ def test_local_pairs(layout, dist_env, settings, report):
         matrices = [{"node": nodes[n], "figures": [[a % per_node, b % per_node, g] for (a, b), g in figures.items()
                                                    if a // per_node == n]} for n in sorted(nodes)]
         return {"findings": findings, "ranks": ranks, "rows": rows, "matrices": matrices, "source": source,
+                "members_named": bool(verdict["members"]),
                 "slowest": min((g for g in figures.values() if g is not None), default=None)}
 
     verdict = dist_env.agree(mine, "the local pair bandwidths", decide)
@@ -183,6 +185,7 @@ def test_node_pairs(layout, dist_env, settings, report):
         rows += [{"a": names[a], "b": names[b], "pass": "retest", "gbps": None if g is None else round(g, 3),
                   "bar_gbps": bar.gbps, "slow": pairwise.is_slow(g, bar.gbps)} for (a, b), g in sorted(again.items())]
         return {"findings": findings, "ranks": [r for r in range(len(values)) if r // per_node in blamed],
+                "members_named": bool(verdict["members"]),
                 "rows": rows, "names": names, "figures": [[a, b, g] for (a, b), g in figures.items()],
                 "bar": bar.gbps, "source": bar.source, "named_nodes": [names[m] for m in verdict["members"]],
                 "named_links": [[names[a], names[b]] for a, b in verdict["links"]]}
