@@ -168,7 +168,9 @@ def test_slow_link_names_the_link_not_a_node(trio, tmp_path):
     assert "node n" not in pairs["message"] and (pairs["category"], pairs["severity"]) == ("interconnect", "triage")
     assert report["context"]["pairwise_nodes"] == {**report["context"]["pairwise_nodes"], "nodes": [],
                                                    "links": [["n2", "n3"]]}
-    assert not any(r["pass"] == "retest" for r in report["tables"]["pairwise_nodes"])  # nobody was a suspect
+    # Nobody was a suspect: the second pass measured the slow link alone, again.
+    assert [(r["a"], r["b"], r["slow"]) for r in report["tables"]["pairwise_nodes"] if r["pass"] == "retest"] == [
+        ("n2", "n3", True)]
     assert _nodes(report)["n1"]["verdict"] == "PASS"
 
 

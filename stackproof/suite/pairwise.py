@@ -9,15 +9,16 @@ every k at once (each rail).
 
 Figure: each pair exchanges `nbytes` both ways at once (send/recv, batch_isend_irecv), `iters` times after warm-up;
 bandwidth = nbytes / time per exchange, GB = 1e9 B, per direction while both directions run. Both ranks time it
-(CUDA events on GPU) and the pair's time is the slower of the two.
+(on GPU the mean over the iterations, with CUDA events; on CPU the median iteration, since CPU ranks share cores)
+and the pair's time is the slower of the two.
 
 Decision (pure functions below, unit-tested): a pair is slow below the bar; the bar is `--min-pair-gbps` (or the
 NVML link's peak x --busbw-fraction inside a node), else the reference minus --pair-tolerance, where the
 reference is the median over members of each member's best pair. (Not the median of all pairs: on 3 nodes a bad
 node is in 2 of the 3 pairs and would drag the median down to its own level; a member's best pair is slow only
 when the member itself is.) A member whose every pair is slow is a suspect; a second pass re-pairs each suspect
-with a member that passed. A suspect slow again is named (the node, or the GPU); a slow pair whose members are
-both fine elsewhere is named as a link.
+with a member that passed, and measures every other slow pair again. A suspect slow again is named (the node, or
+the GPU); a slow pair whose members are both fine elsewhere, slow again, is named as a link.
 """
 
 from __future__ import annotations
@@ -62,6 +63,25 @@ def retest_rounds(suspects: Sequence[int], passing: Sequence[int]) -> list[list[
         chunk = suspects[start:start + len(passing)]
         rounds.append(sorted((min(s, p), max(s, p)) for s, p in zip(chunk, passing, strict=False)))
     return rounds
+
+
+def pack_rounds(pairs: Sequence[Pair]) -> list[list[Pair]]:
+    """These pairs as few rounds of disjoint pairs as a greedy pass finds (the second pass's slow links)."""
+    rounds: list[list[Pair]] = []
+    for pair in sorted(pairs):
+        home = next((r for r in rounds if not {m for p in r for m in p} & set(pair)), None)
+        if home is None:
+            rounds.append(home := [])
+        home.append(pair)
+    return rounds
+
+
+def second_pass(figures: dict[Pair, float | None], bar: float | None) -> list[list[Pair]]:
+    """What the second pass measures: each suspect against a member that passed, then every other slow pair again
+    (a link is named only if it is slow twice: one slow measurement on a busy host is not a broken link)."""
+    accused, passing = suspects(figures, bar)
+    links = [p for p, g in figures.items() if is_slow(g, bar) and not set(p) & set(accused)]
+    return retest_rounds(accused, passing) + pack_rounds(links)
 
 
 def peer_in(round_pairs: Sequence[Pair], member: int) -> int | None:
@@ -114,7 +134,8 @@ def localize(figures: dict[Pair, float | None], retests: dict[Pair, float | None
     """The verdict from the first pass (every pair) and the second (each suspect against a member that passed):
     {"members": [named: every pair slow, the re-test too], "links": [slow pairs not explained by a named member],
     "unresolved": [slow pairs of suspects nobody could re-test: with no member that passed, a slow member and a
-    slow link cannot be told apart], "silent": [pairs that never answered]}."""
+    slow link cannot be told apart], "silent": [pairs that never answered]}. A slow pair measured again in the
+    second pass (second_pass) and fine there is not named."""
     accused, _ = suspects(figures, bar)
     retested = {m: [g for pair, g in retests.items() if m in pair] for m in accused}
     members = [m for m in accused if retested[m] and all(is_slow(g, bar) for g in retested[m])]
@@ -122,6 +143,8 @@ def localize(figures: dict[Pair, float | None], retests: dict[Pair, float | None
     for pair, gbps in sorted(figures.items()):
         if not is_slow(gbps, bar) or set(members) & set(pair):
             continue
+        if pair in retests and not is_slow(retests[pair], bar):
+            continue  # slow once, fine when measured again
         (unresolved if any(m in accused and not retested[m] for m in pair) else links).append(pair)
     return {"members": members, "links": links, "unresolved": unresolved,
             "silent": sorted(pair for pair, gbps in {**figures, **retests}.items() if gbps is None)}
@@ -176,11 +199,13 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
             end.record()
             end.synchronize()
             seconds = start.elapsed_time(end) / 1e3 / iters
-        else:
-            begin = time.perf_counter()
+        else:  # CPU ranks share cores with everything else: the median exchange, not the mean, is the link's
+            times = []
             for _ in range(iters):
+                begin = time.perf_counter()
                 once()
-            seconds = (time.perf_counter() - begin) / iters
+                times.append(time.perf_counter() - begin)
+            seconds = statistics.median(times)
     except (RuntimeError, TimeoutError) as err:
         return Exchange(peer, None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
     return Exchange(peer, seconds)
