@@ -73,6 +73,7 @@ def test_local_pairs(layout, dist_env, settings, report):
     per_node = layout
     if per_node < 2:
         pytest.skip("one rank per node: no pair of local GPUs (or CPU ranks) to measure")
+    faults.stop_if_asked(settings, dist_env.rank)  # hang: its peers must name it, not wait for it
     nbytes = _nbytes(settings, dist_env)
     base = dist_env.node_rank * per_node
     mine = {"exchanges": _measure(dist_env, settings, pairwise.round_robin(per_node), dist_env.local_rank,

@@ -46,3 +46,11 @@ def test_local_pairs_are_in_the_fast_tier_and_pass_clean(tmp_path):
     assert checks["pairwise::local_pairs"]["outcome"] == "passed"
     assert "pairwise::node_pairs" not in checks and not any(n.startswith("stragglers::") for n in checks)
     assert report["tables"]["pairwise_local"][0]["gbps"] > 0
+
+
+def test_a_rank_that_never_answers_its_pair_is_named_not_waited_for(tmp_path):
+    proc, report = validate(tmp_path, "--nproc", "3", "-k", "local_pairs", "--inject-fault", "hang",
+                            "--fault-rank", "1", "--timeout", "10")
+    assert proc.returncode == 4, proc.stdout[-4000:]
+    assert "rank(s) [1] stalled outside any collective (rank 1 at faults.py:" in report["message"], report["message"]
+    assert report["checks"][0]["name"] == "pairwise::local_pairs" and report["checks"][0]["failed_ranks"] == [1]

@@ -162,8 +162,9 @@ class Exchange:
 def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: int, timeout_s: float,
              slow_down: float = 0.0) -> Exchange:
     """nbytes to `peer` and nbytes from it at once, `iters` times after `warmup`. `slow_down` (a fault) makes this
-    rank hold each send back by that many times a first, clean exchange's time (a fixed delay: both ends of a pair
-    may be slowed, and a delay grown from the last exchange's time, which holds the peer's delay, would compound)."""
+    rank hold each send back by that many times a clean exchange's time after the warm-up (a fixed delay: both ends
+    of a pair may be slowed, and a delay grown from the last exchange's time, which holds the peer's delay, would
+    compound)."""
     count = max(1, nbytes // 4)
     send = torch.ones(count, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)
@@ -183,13 +184,15 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
             time.sleep(delay)
 
     try:
-        begin = time.perf_counter()  # a first exchange on both sides (same count), a slowed one's yardstick
+        for _ in range(warmup):
+            once()
+        # One more exchange on both sides (the same count everywhere), after the warm-up has set the connection
+        # up: a slowed rank's yardstick.
+        begin = time.perf_counter()
         once()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         delay = slow_down * (time.perf_counter() - begin)
-        for _ in range(warmup):
-            once()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
