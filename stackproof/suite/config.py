@@ -63,8 +63,8 @@ class ValidateConfig:
         None, "GPUs that must be visible on each node (default: >= 1 when NVIDIA_VISIBLE_DEVICES requests GPUs, "
               "else whatever is there; 0 validates on CPU)", metavar="N", check=_at_least(0))
     nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=_at_least(1))
-    tier: str = option("full", "full: every check; fast: host, GPU identity and health, and the per-GPU "
-                               "checks only", choices=TIERS)
+    tier: str = option("full", "full: every check; fast: host, GPU identity and health, the per-GPU "
+                               "checks and the local GPU pair matrix", choices=TIERS)
     nnodes: int = option(1, "nodes in the run; every node runs this same command (with --node-rank and "
                             "--master-addr, or --rdzv-endpoint)", metavar="N", check=_at_least(1))
     node_rank: int | None = option(None, "this node's rank, 0..nnodes-1, for a static rendezvous at --master-addr",

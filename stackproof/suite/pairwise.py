@@ -217,8 +217,10 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
 def run_rounds(rounds: Sequence[Sequence[Pair]], me: int, rank_of: Callable[[int], int],
                measure: Callable[[int], Exchange], barrier: Callable[[], None]) -> list[Exchange]:
     """This rank's part of every round (rounds of members; `rank_of(member)` is the rank this rank meets there):
-    one exchange per round it is in, a barrier after each so that a round's pairs run together."""
+    one exchange per round it is in, a barrier before the first and after each so that a round's pairs run
+    together (and NCCL's first send/recv finds every rank's communicator up)."""
     mine = []
+    barrier()
     for pairs in rounds:
         peer = peer_in(pairs, me)
         if peer is not None:
