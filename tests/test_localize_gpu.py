@@ -92,6 +92,5 @@ def test_gpu_straggler_is_named_while_another_process_loads_gpu_1(two_gpus, tmp_
         assert checks[name]["outcome"] == "failed" and checks[name]["failed_ranks"] == [1], checks[name]
         assert "cuda:1" in checks[name]["message"]
     assert all(0 not in c["failed_ranks"] for c in checks.values())
-    assert report["ranks"][1]["gpu"]["index"] == 1
-    assert re.search(r"rank 1 on \S+ \(GPU 1", proc.stdout), proc.stdout[-3000:]
+    assert report["ranks"][1]["gpu"]["index"] == 1  # rank 1 is GPU 1: report.json names it (UUID, serial, PCI)
     print("\n".join(line for line in proc.stdout.splitlines() if "stragglers::" in line))
