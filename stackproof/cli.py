@@ -57,14 +57,26 @@ def _images_parser(sub: argparse._SubParsersAction) -> None:
     bake.add_arguments(images.add_parser("bake", help="write the bake file of matrix values (build/images.bake.json)"))
 
 
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    from stackproof.bench.resnet import ResnetBench
+
+    p = sub.add_parser("bench", help="benchmarks that print figures (no verdict)")
+    bench = p.add_subparsers(dest="bench_command", required=True, metavar="{resnet}", parser_class=_Parser)
+    ResnetBench.add_arguments(bench.add_parser(
+        "resnet", help="ResNet-50 DDP training img/s on 1..N GPUs, eager and --compile",
+        description="ResNet-50 (torchvision) under DDP, bf16 autocast, channels_last, synthetic data on the device: "
+                    "img/s per GPU, the total, scaling from one GPU, and torch.compile's compile time."))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="stackproof", description=__doc__)
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,images}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,images,bench}",
                                 parser_class=_Parser)
     _validate_parser(sub)
     _verdict_parser(sub)
     _images_parser(sub)
+    _bench_parser(sub)
     return parser
 
 
@@ -113,9 +125,15 @@ def _images(args: argparse.Namespace) -> int:
     raise AssertionError(args.images_command)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from stackproof.bench import resnet
+
+    return resnet.run(resnet.ResnetBench.from_args(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"validate": _validate, "verdict": _verdict, "images": _images}
+    commands = {"validate": _validate, "verdict": _verdict, "images": _images, "bench": _bench}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

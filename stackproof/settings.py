@@ -97,7 +97,7 @@ class Settings:
         argv: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.metadata["positional"] or value is None or value is False:
+            if f.metadata["positional"] or value is None or value is False or value == ():
                 continue
             if value is True:
                 argv.append(flag_of(f))
