@@ -1,4 +1,4 @@
-"""`stackproof bench resnet`: ResNet-50 training throughput under DDP on 1..N GPUs, eager and torch.compile'd.
+"""`stackproof bench resnet`: ResNet-50 training throughput on 1..N GPUs (DDP from 2), eager and torch.compile'd.
 
 Every count of GPUs is a torchrun run of this module's worker (synthetic data already on the device, bf16
 autocast, channels_last): img/s per GPU, the total, scaling against one GPU, and torch.compile's compile time.
@@ -154,9 +154,12 @@ def _worker(argv: list[str]) -> None:
 
     memory_format = torch.channels_last if on_gpu else torch.contiguous_format
     model = torchvision.models.resnet50(num_classes=training.NUM_CLASSES).to(device, memory_format=memory_format)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None)
-    trained = torch.compile(ddp) if args.mode == "compiled" else ddp
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    # One GPU trains the model as a single-GPU user would; more use DDP (buckets as gradient views: no copy).
+    # Measured on one H200: plain 4701-4715 img/s, under DDP 4583 (4629 with bucket views).
+    parallel = model if world == 1 else DistributedDataParallel(
+        model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True)
+    trained = torch.compile(parallel) if args.mode == "compiled" else parallel
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=on_gpu or None)
     images, labels = training.SyntheticImages(shape.batch, shape.image_size).batch(range(shape.batch))
     images, labels = images.to(device, memory_format=memory_format), labels.to(device)
     _, step = training.train_step(trained, optimizer, images, labels, shape.dtype if on_gpu else None)
