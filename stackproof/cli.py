@@ -108,7 +108,11 @@ def _healthcheck(args: argparse.Namespace) -> int:
     from stackproof.act import run
     from stackproof.act.config import ActConfig
 
-    return run.healthcheck(ValidateConfig.from_args(args), ActConfig.from_args(args), sys.stdout)
+    try:
+        settings, act_settings = ValidateConfig.from_args(args), ActConfig.from_args(args)
+    except ConfigError as err:
+        return run.bad_input(err, sys.stdout)
+    return run.healthcheck(settings, act_settings, sys.stdout)
 
 
 def _act(args: argparse.Namespace) -> int:

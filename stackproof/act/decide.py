@@ -84,11 +84,13 @@ def decide(report: dict[str, Any], *, exit_code: int | None = None, not_before: 
     if not_before and str(report.get("started", "")) < not_before:
         return Decision(code or Exit.USAGE, message, withheld=f"report.json was started at {report.get('started')}, "
                                                               f"before this run ({not_before}): a stale report")
+    nodes = report.get("nodes") or []
+    if code == Exit.OK:
+        return Decision(code, message, actions=tuple(NodeAction(n["node"], False) for n in nodes))
     if code not in ACTS_ON:
         meaning = code.meaning if code is not None else "unknown"
         return Decision(code or Exit.USAGE, message,
                         withheld=f"exit code {report.get('exit_code')} ({meaning}) says nothing about the machine")
-    nodes = report.get("nodes") or []
     if not any(n.get("verdict") == "FAIL" for n in nodes) and len(nodes) == 1:
         # One node, and a failed check that names no rank: the check was about this node as a whole.
         nodes = [{**nodes[0], "verdict": "FAIL", "failed_checks": [

@@ -42,6 +42,14 @@ def act_on_reports(reports_dir, settings: ActConfig, out: IO[str]) -> int:
     return Exit.OK
 
 
+def bad_input(err: ConfigError, out: IO[str]) -> int:
+    """Bad input: nothing ran, so there is nothing to act on (decide.py's policy)."""
+    print(f"stackproof: {err}", file=out, flush=True)
+    print(f"# stackproof act: not acted on: exit code {int(Exit.USAGE)} ({Exit.USAGE.meaning}) says nothing "
+          "about the machine", file=out, flush=True)
+    return Exit.USAGE
+
+
 def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[str]) -> int:
     """Validate this node, then act on what the run found. Exit: validate's code (0 passed, 1 failed and acted
     on, 2/3/4/5 reported only), or 2 when the action itself failed."""
@@ -53,11 +61,8 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
     try:
         code = validate(validate_settings)
-    except ConfigError as err:  # bad input: nothing ran, so there is nothing to act on
-        print(f"stackproof: {err}", file=out, flush=True)
-        print(f"# stackproof act: not acted on: exit code {int(Exit.USAGE)} ({Exit.USAGE.meaning}) says nothing "
-              "about the machine", file=out, flush=True)
-        return Exit.USAGE
+    except ConfigError as err:
+        return bad_input(err, out)
     try:
         report = decide.load(validate_settings.reports_dir)
     except ConfigError as err:
