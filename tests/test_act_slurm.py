@@ -75,8 +75,9 @@ def _last_exit(reports: Path) -> int:
 
 
 def test_a_fault_on_n2_drains_n2_only_and_resume_brings_it_back(tmp_path, drained_by_us):
+    started = time.monotonic()
     proc, reports = _healthcheck(tmp_path, "n2", *ALLREDUCE, "--inject-fault", "allreduce-add-one")
-    drained_at = time.monotonic()
+    step_s, step_ended = time.monotonic() - started, time.monotonic()
     output = proc.stdout + proc.stderr
     # In a Prolog (SLURM_JOB_ID set) a node just drained exits 1, so the job does not start there.
     assert proc.returncode == 1, output[-4000:]
@@ -93,7 +94,8 @@ def test_a_fault_on_n2_drains_n2_only_and_resume_brings_it_back(tmp_path, draine
         assert "n1" not in reasons and states["n1"].rstrip("*~#") in ("idle", "mix", "alloc"), states
     finally:
         _resume("n2")
-    print(f"n2 drained for {time.monotonic() - drained_at:.1f} s")
+    # n2 is drained from the end of the checks (within the step) until this resume.
+    print(f"healthcheck step on n2: {step_s:.1f} s; resumed {time.monotonic() - step_ended:.1f} s after it ended")
     deadline = time.monotonic() + 30
     while _sinfo_states()["n2"].rstrip("*~#") not in ("idle", "mix", "alloc"):
         assert time.monotonic() < deadline, f"n2 not back after resume: {_sinfo_states()}"
@@ -129,3 +131,24 @@ def test_a_run_without_a_job_acts_as_health_check_program(tmp_path, drained_by_u
     assert proc.returncode == 0 and _last_exit(tmp_path / "n2") == 0, proc.stdout[-3000:]
     assert os.stat(tmp_path / "n2" / "report.json").st_size > 0
     assert "n2" not in _reasons()
+
+
+def test_act_on_a_two_node_run_drains_the_failed_node_only(tmp_path, drained_by_us):
+    """`stackproof act` after a real job over n1 and n2 whose rank 1 (on n2) failed: n2 is drained, n1 is not."""
+    reports = tmp_path / "reports"
+    cmd = ["srun", "--nodes=2", "--ntasks-per-node=1", "--time=5", "--kill-on-bad-exit=0", f"--chdir={REPO}",
+           PYTHON, "-m", "stackproof", "validate", "--reports", str(reports), *ALLREDUCE,
+           "--inject-fault", "allreduce-add-one"]
+    job = subprocess.run(cmd, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=REPO,
+                         env=_rank_env(PYTHONPATH=str(REPO)))
+    assert job.returncode == 1, (job.stdout + job.stderr)[-4000:]
+    act = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(reports), "--scheduler", "slurm"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=_rank_env(PYTHONPATH=str(REPO)))
+    try:
+        assert act.returncode == 0, act.stdout + act.stderr
+        assert "# stackproof act: failed node(s): n2" in act.stdout
+        reasons = _reasons()
+        assert reasons.get("n2") == "stackproof: collectives::all_reduce[sum-float32] rank 1", reasons
+        assert "n1" not in reasons
+    finally:
+        _resume("n2")
