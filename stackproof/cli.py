@@ -1,5 +1,6 @@
-"""The command line: `stackproof validate` proves a machine + image; `stackproof images ...` keeps the matrix,
-locks and build plan consistent. Errors print one line (what was expected, what was found, the fix), no traceback.
+"""The command line: `stackproof validate` proves a machine + image; `stackproof healthcheck` / `act` drain or
+taint a node that failed; `stackproof images ...` keeps the matrix, locks and build plan consistent. Errors print
+one line (what was expected, what was found, the fix), no traceback.
 Exit codes: errors.Exit."""
 
 from __future__ import annotations
@@ -43,6 +44,27 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
 
 
+def _act_parsers(sub: argparse._SubParsersAction) -> None:
+    from stackproof.act.config import ActConfig
+
+    p = sub.add_parser("healthcheck", help="validate this node (tier fast by default), then drain (Slurm) or "
+                                           "label/taint (Kubernetes) it if a check failed",
+                       description="For Slurm's HealthCheckProgram or Prolog, or a Kubernetes DaemonSet: run "
+                                   "validate on this node (--tier fast unless given), then act: only a failed "
+                                   "check (exit 1) acts; bad input, no GPU, the tool's own timeout or an "
+                                   "interruption are reported, never acted on (docs/act.md). Exits with validate's "
+                                   "code, or 2 when the action itself failed. " + EXIT_CODES_HELP + ".")
+    ActConfig.add_arguments(p.add_argument_group("acting on the verdict"))
+    ValidateConfig.add_arguments(p.add_argument_group("validate's settings"))
+    p.set_defaults(tier="fast")
+    p = sub.add_parser("act", help="act on a finished run's report.json (every node it names)",
+                       description="Read <reports>/report.json and act on each failed node it names, with the "
+                                   "policy of healthcheck (docs/act.md). Exit 0 when done (acting or not), 2 when "
+                                   "the report cannot be read or the action failed.")
+    p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
+    ActConfig.add_arguments(p)
+
+
 def _images_parser(sub: argparse._SubParsersAction) -> None:
     from stackproof.images import bake
 
@@ -71,10 +93,11 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="stackproof", description=__doc__)
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,images,bench}",
+    sub = parser.add_subparsers(dest="command", required=True,  # argparse lists the commands
                                 parser_class=_Parser)
     _validate_parser(sub)
     _verdict_parser(sub)
+    _act_parsers(sub)
     _images_parser(sub)
     _bench_parser(sub)
     return parser
@@ -91,6 +114,24 @@ def _verdict(args: argparse.Namespace) -> int:
 
     return verdict.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
                             timed_out_s=args.timed_out)
+
+
+def _healthcheck(args: argparse.Namespace) -> int:
+    from stackproof.act import run
+    from stackproof.act.config import ActConfig
+
+    try:
+        settings, act_settings = ValidateConfig.from_args(args), ActConfig.from_args(args)
+    except ConfigError as err:
+        return run.bad_input(err, sys.stdout)
+    return run.healthcheck(settings, act_settings, sys.stdout)
+
+
+def _act(args: argparse.Namespace) -> int:
+    from stackproof.act import run
+    from stackproof.act.config import ActConfig
+
+    return run.act_on_reports(args.reports, ActConfig.from_args(args), sys.stdout)
 
 
 def _images(args: argparse.Namespace) -> int:
@@ -133,7 +174,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"validate": _validate, "verdict": _verdict, "images": _images, "bench": _bench}
+    commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
+                "images": _images, "bench": _bench}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:
