@@ -43,6 +43,27 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
 
 
+def _baseline_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("baseline", help="make a baseline (median of each figure per GPU model and topology) from "
+                                        "known-good reports, for validate --baseline",
+                       description="Read passing report.json files (or reports folders) and write the median of "
+                                   "each figure, per GPU model and topology, for `validate --baseline` (see "
+                                   "docs/baseline.md). Failing reports and other schemas are refused (exit 2).")
+    p.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="report.json files or reports folders")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the baseline JSON to write")
+
+
+def _report_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page of runs: verdicts, checks, nodes, busbw and "
+                                      "per-GPU plots (needs stackproof[report])",
+                       description="Draw report.json files (or reports folders) as one self-contained HTML page "
+                                   "(see docs/report-html.md). Needs the extra: pip install 'stackproof[report]'.")
+    p.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="report.json files or reports folders")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the HTML file to write")
+    p.add_argument("--reference", type=Path, metavar="FILE",
+                   help="an nccl-tests all_reduce_perf stdout to draw beside the busbw sweep")
+
+
 def _images_parser(sub: argparse._SubParsersAction) -> None:
     from stackproof.images import bake
 
@@ -60,10 +81,12 @@ def _images_parser(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="stackproof", description=__doc__)
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,images}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,baseline,report,images}",
                                 parser_class=_Parser)
     _validate_parser(sub)
     _verdict_parser(sub)
+    _baseline_parser(sub)
+    _report_parser(sub)
     _images_parser(sub)
     return parser
 
@@ -79,6 +102,29 @@ def _verdict(args: argparse.Namespace) -> int:
 
     return verdict.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
                             timed_out_s=args.timed_out)
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    import json
+
+    from stackproof.suite import baseline
+
+    made, said = baseline.make(args.reports)
+    args.output.write_text(json.dumps(made, indent=2) + "\n")
+    print("\n".join(said))
+    for entry in made["entries"]:
+        figures = sum(len(f) for f in entry["figures"].values())
+        print(f"# {baseline.key_text(entry['key'])}: {figures} figures from {len(entry['reports'])} report(s)")
+    print(f"# baseline: {args.output}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from stackproof.pictures import page
+
+    path = page.write(args.reports, args.output, reference=args.reference)
+    print(f"# report: {path}")
+    return 0
 
 
 def _images(args: argparse.Namespace) -> int:
@@ -115,7 +161,8 @@ def _images(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"validate": _validate, "verdict": _verdict, "images": _images}
+    commands = {"validate": _validate, "verdict": _verdict, "baseline": _baseline, "report": _report,
+                "images": _images}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stackproof.errors import ConfigError
+from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 
 FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu")
 TIERS = ("full", "fast")
@@ -111,6 +112,11 @@ class ValidateConfig:
                                           metavar="PX", check=_at_least(1))
     train_steps: int = option(3, "ResNet-50 training steps compared across ranks", metavar="N", check=_at_least(2))
     bench_steps: int = option(20, "timed ResNet-50 steps for img/s", metavar="N", check=_at_least(1))
+    baseline: str | None = option(None, "fail a figure more than --baseline-tolerance worse than its median in this "
+                                        "baseline (made by `stackproof baseline`) for this run's GPU model and "
+                                        "topology", metavar="PATH", check=baseline_problem)
+    baseline_tolerance: float = option(0.05, "how much worse than its baseline a figure may be, as a fraction of the "
+                                             "baseline", metavar="F", check=_positive)
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
