@@ -60,8 +60,9 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
                                    "(see docs/report-html.md). Needs the extra: pip install 'stackproof[report]'.")
     p.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="report.json files or reports folders")
     p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the HTML file to write")
-    p.add_argument("--reference", type=Path, metavar="FILE",
-                   help="an nccl-tests all_reduce_perf stdout to draw beside the busbw sweep")
+    p.add_argument("--reference", type=Path, metavar="FILE", action="append", default=[],
+                   help="an nccl-tests all_reduce_perf stdout to draw beside the sweep (repeatable: e.g. eager "
+                        "and -G)")
 
 
 def _images_parser(sub: argparse._SubParsersAction) -> None:
@@ -122,7 +123,7 @@ def _baseline(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from stackproof.pictures import page
 
-    path = page.write(args.reports, args.output, reference=args.reference)
+    path = page.write(args.reports, args.output, references=args.reference)
     print(f"# report: {path}")
     return 0
 

@@ -110,32 +110,36 @@ def _nodes(report: dict[str, Any]) -> str:
     return _table(["node", "verdict", "ranks", "GPUs (serial)", "failed checks"], rows, classes)
 
 
-def _sweeps(runs: list[tuple[str, dict[str, Any]]], reference: list[nccl_tests.Row] | None,
-            reference_name: str) -> str:
+def _sweeps(runs: list[tuple[str, dict[str, Any]]], references: list[tuple[str, list[nccl_tests.Row]]]) -> str:
+    """busbw and time against size: every run's busbw tables, the threshold, and nccl-tests runs as lines."""
     from stackproof.pictures import plots
 
-    lines, thresholds = [], []
+    busbw, times, thresholds = [], [], []
     for label, report in runs:
         prefix = f"{label}: " if len(runs) > 1 else ""
         for name, rows in report.get("tables", {}).items():
             usable = [r for r in rows if isinstance(r, dict) and "size_bytes" in r and "busbw_gbps" in r]
             if usable:  # every busbw table: the sweep, and any other mode's (tolerating columns not known here)
-                lines.append((f"{prefix}{name}", [r["size_bytes"] for r in usable],
-                              [r["busbw_gbps"] for r in usable], "-"))
+                sizes = [r["size_bytes"] for r in usable]
+                busbw.append((f"{prefix}{name}", sizes, [r["busbw_gbps"] for r in usable], "-"))
+                if all("time_us" in r for r in usable):
+                    times.append((f"{prefix}{name}", sizes, [r["time_us"] for r in usable], "-"))
         bar = report.get("context", {}).get("busbw_threshold") or {}
         if bar.get("gbps") is not None:
             thresholds.append((f"{prefix}threshold {bar['gbps']:g} GB/s ({bar.get('source', '')})", bar["gbps"]))
-    if reference:
-        sizes = [r.size_bytes for r in reference]
-        lines.append((f"nccl-tests in-place ({reference_name})", sizes, [r.in_place[2] for r in reference], "--"))
-        outside = [r for r in reference if r.out_of_place]
-        if outside:
-            lines.append((f"nccl-tests out-of-place ({reference_name})", [r.size_bytes for r in outside],
-                          [r.out_of_place[2] for r in outside], ":"))  # type: ignore[index]
-    if not lines:
+    for name, rows in references:
+        for placement, style, pick in (("in-place", "--", lambda r: r.in_place),
+                                       ("out-of-place", ":", lambda r: r.out_of_place)):
+            measured = [(r.size_bytes, pick(r)) for r in rows if pick(r)]
+            if measured:
+                sizes = [size for size, _ in measured]
+                busbw.append((f"nccl-tests {placement} ({name})", sizes, [m[2] for _, m in measured], style))
+                times.append((f"nccl-tests {placement} ({name})", sizes, [m[0] for _, m in measured], style))
+    if not busbw:
         return '<p class="muted">No busbw sweep in these reports (the bandwidth checks did not run).</p>'
-    svg = plots.busbw(lines, thresholds, "all_reduce busbw vs message size")
-    return f'<div class="plot" id="busbw-plot">{svg}</div>'
+    html_busbw = plots.sweep(busbw, thresholds, "all_reduce bus bandwidth vs message size", "busbw (GB/s)")
+    html_time = plots.sweep(times, [], "all_reduce time vs message size", "time (us, log scale)", log_y=True)
+    return f'<div class="plot" id="busbw-plot">{html_busbw}</div><div class="plot" id="time-plot">{html_time}</div>'
 
 
 def _per_gpu(runs: list[tuple[str, dict[str, Any]]]) -> str:
@@ -166,8 +170,8 @@ def _per_gpu(runs: list[tuple[str, dict[str, Any]]]) -> str:
     return f'<div class="plots">{"".join(charts)}</div>'
 
 
-def render(runs: list[tuple[str, dict[str, Any]]], reference: list[nccl_tests.Row] | None = None,
-           reference_name: str = "") -> str:
+def render(runs: list[tuple[str, dict[str, Any]]],
+           references: list[tuple[str, list[nccl_tests.Row]]] = ()) -> str:
     verdict = max((r.get("verdict", "FAILED") for _, r in runs),
                   key=lambda v: VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER))
     summary = _table(["run", "verdict", "exit code", "why", "checks (passed / failed / skipped / not run)",
@@ -195,8 +199,8 @@ def render(runs: list[tuple[str, dict[str, Any]]], reference: list[nccl_tests.Ro
 {summary}
 <h2>Failing checks</h2>
 {failing_html}
-<h2>all_reduce bus bandwidth</h2>
-{_sweeps(runs, reference, reference_name)}
+<h2>all_reduce bandwidth and time</h2>
+{_sweeps(runs, list(references))}
 <h2>Per-GPU and per-rank figures</h2>
 {_per_gpu(runs)}
 <h2>Every check, per run</h2>
@@ -206,10 +210,9 @@ def render(runs: list[tuple[str, dict[str, Any]]], reference: list[nccl_tests.Ro
 """
 
 
-def write(paths: list[Path], output: Path, reference: Path | None = None) -> Path:
+def write(paths: list[Path], output: Path, references: list[Path] = ()) -> Path:
     runs = [load(path) for path in paths]
-    rows = nccl_tests.read(reference) if reference else None
-    text = render(runs, rows, reference.name if reference else "")
+    text = render(runs, [(path.name, nccl_tests.read(path)) for path in references])
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     return output

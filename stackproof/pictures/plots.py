@@ -24,7 +24,7 @@ matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "stackproof"
 
 def _svg(fig: Any) -> str:
     out = io.StringIO()
-    fig.savefig(out, format="svg", bbox_inches="tight")
+    fig.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     text = out.getvalue()
     return text[text.index("<svg"):]  # inline: no XML prolog or DOCTYPE
@@ -37,18 +37,21 @@ def _bytes(value: float, _pos: Any = None) -> str:
     return f"{value:g}"
 
 
-def busbw(lines: Sequence[tuple[str, list[int], list[float], str]], thresholds: Sequence[tuple[str, float]],
-          title: str) -> str:
-    """busbw against message size (log x); `lines` are (label, sizes, GB/s, style), `thresholds` (label, GB/s)."""
+def sweep(lines: Sequence[tuple[str, list[int], list[float], str]], levels: Sequence[tuple[str, float]],
+          title: str, ylabel: str, log_y: bool = False) -> str:
+    """A figure against message size (log x); `lines` are (label, sizes, values, style), `levels` horizontal lines
+    (label, value): the pass bar."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for label, sizes, values, style in lines:
         ax.plot(sizes, values, style, label=label, marker="o" if style == "-" else None, markersize=3)
-    for label, gbps in thresholds:
-        ax.axhline(gbps, color="tab:red", linestyle="--", linewidth=1, label=label)
+    for label, value in levels:
+        ax.axhline(value, color="tab:red", linestyle="--", linewidth=1, label=label)
     ax.set_xscale("log", base=2)
+    if log_y:
+        ax.set_yscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(_bytes))
     ax.set_xlabel("message size (bytes, log scale)")
-    ax.set_ylabel("busbw (GB/s)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=8)
     return _svg(fig)
