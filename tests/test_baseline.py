@@ -132,3 +132,33 @@ def test_a_bad_baseline_file_is_exit_2_before_anything_runs(tmp_path, content, w
 def test_a_tolerance_must_be_positive(tmp_path, known_good):
     proc, _ = validate(tmp_path, "--baseline", known_good[1], "--baseline-tolerance", "0")
     assert proc.returncode == Exit.USAGE and "--baseline-tolerance: expected > 0, found 0" in proc.stderr
+
+
+def gpu_report(hbm0=4.238, hbm1=4.235, transport=True):
+    """report.json's shape on 2 GPUs (docs/report-format.md): rank 0 holds every GPU's figure as name@host:gpu,
+    rank 1 its own; the bar is a derived figure."""
+    gpu = {"name": "NVIDIA H200", "uuid": "GPU-x", "serial": "1654", "pci_bus_id": "0000:00:06.0"}
+    return {"schema": "stackproof.report/1", "verdict": "OK", "exit_code": 0, "complete": True,
+            "world": {"size": 2, "nodes": 1, "backend": "nccl", "local_world_size": 2},
+            "ranks": [{"rank": r, "node": "n1", "host": "n1", "gpu": {**gpu, "index": r}} for r in (0, 1)],
+            "context": {"nccl_transport": {"nvlink_up": True}} if transport else {
+                "busbw_threshold": {"gbps": 30.0, "source": "0.5 x 63.0 GB/s peak (PCIe gen5 x16)"}},
+            "checks": [{"name": "per_gpu::hbm_bandwidth", "verdict": "PASS",
+                        "figures": {"hbm@n1:0": {"value": hbm0, "unit": "TB/s"},
+                                    "hbm@n1:1": {"value": hbm1, "unit": "TB/s"},
+                                    "hbm_bar": {"value": 3.37, "unit": "TB/s"}},
+                        "rank_figures": {"1": {"hbm": {"value": hbm1, "unit": "TB/s"}}}}]}
+
+
+def test_per_gpu_figures_are_each_ranks_own_and_bars_are_left_out():
+    from stackproof.suite import baseline
+
+    per_rank = baseline.per_rank_figures(gpu_report())
+    assert per_rank == {0: {"per_gpu::hbm_bandwidth": {"hbm": {"value": 4.238, "unit": "TB/s"}}},
+                        1: {"per_gpu::hbm_bandwidth": {"hbm": {"value": 4.235, "unit": "TB/s"}}}}
+    assert baseline.key_of(gpu_report()) == {"gpu": "NVIDIA H200", "ranks_per_node": 2, "nodes": 1, "link": "NVLink"}
+    assert baseline.key_of(gpu_report(transport=False))["link"] == "PCIe"
+    entry = {"figures": {"per_gpu::hbm_bandwidth": {"hbm": {"median": 4.2, "unit": "TB/s", "samples": 2}}}}
+    compared, worse = baseline.regressions(gpu_report(hbm1=3.9), entry, 0.05)
+    assert compared == 2 and list(worse) == [1] and "found 3.9 TB/s, baseline 4.2 TB/s" in worse[1][0]
+    assert baseline.worse(1.06, 1.0, "lower", 0.05) and not baseline.worse(1.04, 1.0, "lower", 0.05)

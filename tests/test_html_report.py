@@ -140,3 +140,14 @@ def test_without_matplotlib_it_says_which_extra_to_install(page, tmp_path):
                f"{str(tmp_path / 'r.html')!r}]))")
     proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
     assert proc.returncode == Exit.USAGE and "pip install 'stackproof[report]'" in proc.stderr
+
+
+def test_per_gpu_bars_carry_the_checks_bar():
+    from test_baseline import gpu_report
+
+    from stackproof.pictures import page
+
+    text = page.render([("n1", gpu_report(hbm1=3.9))])
+    bars = text[text.index("<h2>Per-GPU and per-rank figures</h2>"):text.index("<h2>Every check, per run</h2>")]
+    assert "per_gpu::hbm_bandwidth hbm" in bars and "bar 3.37 TB/s" in bars and "TB/s (higher is better)" in bars
+    assert "No busbw sweep in these reports" in text
