@@ -1,5 +1,6 @@
-"""The command line: `stackproof validate` proves a machine + image; `stackproof images ...` keeps the matrix,
-locks and build plan consistent. Errors print one line (what was expected, what was found, the fix), no traceback.
+"""The command line: `stackproof validate` proves a machine + image; `stackproof baseline` and `stackproof report`
+turn its reports into a baseline and an HTML page; `stackproof images ...` keeps the matrix, locks and build plan
+consistent. Errors print one line (what was expected, what was found, the fix), no traceback.
 Exit codes: errors.Exit."""
 
 from __future__ import annotations
