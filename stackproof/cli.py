@@ -1,6 +1,7 @@
 """The command line: `stackproof validate` proves a machine + image; `stackproof healthcheck` / `act` drain or
-taint a node that failed; `stackproof images ...` keeps the matrix, locks and build plan consistent. Errors print
-one line (what was expected, what was found, the fix), no traceback.
+taint a node that failed; `stackproof baseline` and `report` turn reports into a baseline and an HTML page;
+`stackproof bench` prints figures; `stackproof images ...` keeps the matrix, locks and build plan consistent.
+Errors print one line (what was expected, what was found, the fix), no traceback.
 Exit codes: errors.Exit."""
 
 from __future__ import annotations
@@ -65,6 +66,28 @@ def _act_parsers(sub: argparse._SubParsersAction) -> None:
     ActConfig.add_arguments(p)
 
 
+def _baseline_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("baseline", help="make a baseline (median of each figure per GPU model and topology) from "
+                                        "known-good reports, for validate --baseline",
+                       description="Read passing report.json files (or reports folders) and write the median of "
+                                   "each figure, per GPU model and topology, for `validate --baseline` (see "
+                                   "docs/baseline.md). Failing reports and other schemas are refused (exit 2).")
+    p.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="report.json files or reports folders")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the baseline JSON to write")
+
+
+def _report_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page of runs: verdicts, checks, nodes, busbw and "
+                                      "per-GPU plots (needs stackproof[report])",
+                       description="Draw report.json files (or reports folders) as one self-contained HTML page "
+                                   "(see docs/report-html.md). Needs the extra: pip install 'stackproof[report]'.")
+    p.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="report.json files or reports folders")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the HTML file to write")
+    p.add_argument("--reference", type=Path, metavar="FILE", action="append", default=[],
+                   help="an nccl-tests all_reduce_perf stdout to draw beside the sweep (repeatable: e.g. eager "
+                        "and -G)")
+
+
 def _images_parser(sub: argparse._SubParsersAction) -> None:
     from stackproof.images import bake
 
@@ -98,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     _validate_parser(sub)
     _verdict_parser(sub)
     _act_parsers(sub)
+    _baseline_parser(sub)
+    _report_parser(sub)
     _images_parser(sub)
     _bench_parser(sub)
     return parser
@@ -132,6 +157,29 @@ def _act(args: argparse.Namespace) -> int:
     from stackproof.act.config import ActConfig
 
     return run.act_on_reports(args.reports, ActConfig.from_args(args), sys.stdout)
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    import json
+
+    from stackproof.suite import baseline
+
+    made, said = baseline.make(args.reports)
+    args.output.write_text(json.dumps(made, indent=2) + "\n")
+    print("\n".join(said))
+    for entry in made["entries"]:
+        figures = sum(len(f) for f in entry["figures"].values())
+        print(f"# {baseline.key_text(entry['key'])}: {figures} figures from {len(entry['reports'])} report(s)")
+    print(f"# baseline: {args.output}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from stackproof.pictures import page
+
+    path = page.write(args.reports, args.output, references=args.reference)
+    print(f"# report: {path}")
+    return 0
 
 
 def _images(args: argparse.Namespace) -> int:
@@ -175,7 +223,7 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
-                "images": _images, "bench": _bench}
+                "baseline": _baseline, "report": _report, "images": _images, "bench": _bench}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from stackproof.bench.resnet import Result, ResnetBench, format_table, with_scaling
+from stackproof.bench.resnet import ResnetBench, Result, format_table, with_scaling
 
 BENCH = [sys.executable, "-m", "stackproof", "bench", "resnet"]
 

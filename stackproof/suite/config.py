@@ -10,6 +10,7 @@ import os
 
 from stackproof.errors import ConfigError
 from stackproof.settings import Settings, at_least, flag_of, fraction, option, parse_bytes, positive
+from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 
 __all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
 
@@ -77,6 +78,11 @@ class ValidateConfig(Settings):
                                           metavar="PX", check=at_least(1))
     train_steps: int = option(3, "ResNet-50 training steps compared across ranks", metavar="N", check=at_least(2))
     bench_steps: int = option(20, "timed ResNet-50 steps for img/s", metavar="N", check=at_least(1))
+    baseline: str | None = option(None, "fail a figure more than --baseline-tolerance worse than its median in this "
+                                        "baseline (made by `stackproof baseline`) for this run's GPU model and "
+                                        "topology", metavar="PATH", check=baseline_problem)
+    baseline_tolerance: float = option(0.05, "how much worse than its baseline a figure may be, as a fraction of the "
+                                             "baseline", metavar="F", check=positive)
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
