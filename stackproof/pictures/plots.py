@@ -60,7 +60,10 @@ def sweep(lines: Sequence[tuple[str, list[int], list[float], str]], levels: Sequ
 def bars(labels: Sequence[str], values: Sequence[float], unit: str, title: str, bar: float | None,
          better: str) -> str:
     """One figure per GPU (or rank), with the check's pass bar as a line when it has one."""
-    fig, ax = plt.subplots(figsize=(max(3.5, 0.55 * len(labels) + 1.5), 3))
+    # Wide enough that side-by-side labels (about 0.055 in per character at font size 7) do not overlap.
+    longest = max((len(line) for label in labels for line in label.splitlines()), default=1)
+    per_label = 0.55 if len(labels) > 4 else max(0.55, 0.055 * longest)
+    fig, ax = plt.subplots(figsize=(max(3.5, per_label * len(labels) + 1.5), 3))
     ax.bar(range(len(values)), values, color="tab:blue")
     ax.set_xticks(range(len(values)), labels, rotation=45 if len(labels) > 4 else 0, ha="right"
                   if len(labels) > 4 else "center", fontsize=7)
