@@ -22,6 +22,7 @@ from stackproof.errors import ConfigError, StackproofError
 from stackproof.settings import Settings, at_least, option, parse_counts, positive
 
 MODES = ("eager", "compiled")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,7 @@ class ResnetBench(Settings):
     nproc: tuple[int, ...] = option((1,), "GPU counts to run, e.g. 1,2,8 (CPU ranks without GPUs)", metavar="N,...",
                                     parse=parse_counts)
     compile: bool = option(False, "also run torch.compile'd (reports its compile time)")
+    compile_mode: str = option("default", "torch.compile's mode with --compile", choices=COMPILE_MODES)
     batch: int | None = option(None, "images per GPU and step (default 256 on GPU, 8 on CPU)", metavar="N",
                                check=at_least(1))
     image_size: int | None = option(None, "input size (default 224 on GPU, 64 on CPU)", metavar="PX",
@@ -158,7 +160,7 @@ def _worker(argv: list[str]) -> None:
     # Measured on one H200: plain 4701-4715 img/s, under DDP 4583 (4629 with bucket views).
     parallel = model if world == 1 else DistributedDataParallel(
         model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True)
-    trained = torch.compile(parallel) if args.mode == "compiled" else parallel
+    trained = torch.compile(parallel, mode=settings.compile_mode) if args.mode == "compiled" else parallel
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=on_gpu or None)
     images, labels = training.SyntheticImages(shape.batch, shape.image_size).batch(range(shape.batch))
     images, labels = images.to(device, memory_format=memory_format), labels.to(device)
