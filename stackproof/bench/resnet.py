@@ -67,7 +67,8 @@ class Result:
 def run(settings: ResnetBench, out=sys.stdout) -> int:
     results: list[Result] = []
     print(f"# ResNet-50 training throughput: DDP, synthetic data on the device, {settings.steps} timed steps "
-          f"after {settings.warmup} warm-up; modes: {', '.join(settings.modes)}", file=out, flush=True)
+          f"after {settings.warmup} warm-up; modes: {', '.join(settings.modes)}"
+          + (f" (torch.compile mode {settings.compile_mode})" if settings.compile else ""), file=out, flush=True)
     for gpus in settings.nproc:
         for mode in settings.modes:
             results.append(_launch(settings, gpus, mode))
