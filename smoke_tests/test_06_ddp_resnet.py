@@ -44,12 +44,8 @@ def run(dist_env, settings):
     images = images.to(device, memory_format=memory_format)
     labels = labels.to(device)
 
-    def forward_backward():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=shape.dtype, enabled=dist_env.is_gpu):
-            loss = torch.nn.functional.cross_entropy(ddp(images), labels)
-        loss.backward()
-        return loss
+    forward_backward, step = training.train_step(ddp, optimizer, images, labels,
+                                                 shape.dtype if dist_env.is_gpu else None)
 
     losses, grad_digests, param_digests = [], [], []
     for _ in range(settings.train_steps):
@@ -74,10 +70,6 @@ def run(dist_env, settings):
     checkpoint_digest = training.digest(reloaded.state_dict().values())
     live_digest = training.digest(model.state_dict().values())
     del payload, reloaded
-
-    def step():
-        forward_backward()
-        optimizer.step()
 
     for _ in range(WARMUP_STEPS_GPU if dist_env.is_gpu else 1):
         step()

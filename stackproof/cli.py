@@ -1,5 +1,7 @@
-"""The command line: `stackproof validate` proves a machine + image; `stackproof images ...` keeps the matrix,
-locks and build plan consistent. Errors print one line (what was expected, what was found, the fix), no traceback.
+"""The command line: `stackproof validate` proves a machine + image; `stackproof healthcheck` / `act` drain or
+taint a node that failed; `stackproof baseline` and `report` turn reports into a baseline and an HTML page;
+`stackproof bench` prints figures; `stackproof images ...` keeps the matrix, locks and build plan consistent.
+Errors print one line (what was expected, what was found, the fix), no traceback.
 Exit codes: errors.Exit."""
 
 from __future__ import annotations
@@ -43,6 +45,49 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
 
 
+def _act_parsers(sub: argparse._SubParsersAction) -> None:
+    from stackproof.act.config import ActConfig
+
+    p = sub.add_parser("healthcheck", help="validate this node (tier fast by default), then drain (Slurm) or "
+                                           "label/taint (Kubernetes) it if a check failed",
+                       description="For Slurm's HealthCheckProgram or Prolog, or a Kubernetes DaemonSet: run "
+                                   "validate on this node (--tier fast unless given), then act: only a failed "
+                                   "check (exit 1) acts; bad input, no GPU, the tool's own timeout or an "
+                                   "interruption are reported, never acted on (docs/act.md). Exits with validate's "
+                                   "code, or 2 when the action itself failed. " + EXIT_CODES_HELP + ".")
+    ActConfig.add_arguments(p.add_argument_group("acting on the verdict"))
+    ValidateConfig.add_arguments(p.add_argument_group("validate's settings"))
+    p.set_defaults(tier="fast")
+    p = sub.add_parser("act", help="act on a finished run's report.json (every node it names)",
+                       description="Read <reports>/report.json and act on each failed node it names, with the "
+                                   "policy of healthcheck (docs/act.md). Exit 0 when done (acting or not), 2 when "
+                                   "the report cannot be read or the action failed.")
+    p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
+    ActConfig.add_arguments(p)
+
+
+def _baseline_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("baseline", help="make a baseline (median of each figure per GPU model and topology) from "
+                                        "known-good reports, for validate --baseline",
+                       description="Read passing report.json files (or reports folders) and write the median of "
+                                   "each figure, per GPU model and topology, for `validate --baseline` (see "
+                                   "docs/baseline.md). Failing reports and other schemas are refused (exit 2).")
+    p.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="report.json files or reports folders")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the baseline JSON to write")
+
+
+def _report_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page of runs: verdicts, checks, nodes, busbw and "
+                                      "per-GPU plots (needs stackproof[report])",
+                       description="Draw report.json files (or reports folders) as one self-contained HTML page "
+                                   "(see docs/report-html.md). Needs the extra: pip install 'stackproof[report]'.")
+    p.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="report.json files or reports folders")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the HTML file to write")
+    p.add_argument("--reference", type=Path, metavar="FILE", action="append", default=[],
+                   help="an nccl-tests all_reduce_perf stdout to draw beside the sweep (repeatable: e.g. eager "
+                        "and -G)")
+
+
 def _images_parser(sub: argparse._SubParsersAction) -> None:
     from stackproof.images import bake
 
@@ -57,14 +102,29 @@ def _images_parser(sub: argparse._SubParsersAction) -> None:
     bake.add_arguments(images.add_parser("bake", help="write the bake file of matrix values (build/images.bake.json)"))
 
 
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    from stackproof.bench.resnet import ResnetBench
+
+    p = sub.add_parser("bench", help="benchmarks that print figures (no verdict)")
+    bench = p.add_subparsers(dest="bench_command", required=True, metavar="{resnet}", parser_class=_Parser)
+    ResnetBench.add_arguments(bench.add_parser(
+        "resnet", help="ResNet-50 DDP training img/s on 1..N GPUs, eager and --compile",
+        description="ResNet-50 (torchvision) under DDP, bf16 autocast, channels_last, synthetic data on the device: "
+                    "img/s per GPU, the total, scaling from one GPU, and torch.compile's compile time."))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="stackproof", description=__doc__)
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,verdict,images}",
+    sub = parser.add_subparsers(dest="command", required=True,  # argparse lists the commands
                                 parser_class=_Parser)
     _validate_parser(sub)
     _verdict_parser(sub)
+    _act_parsers(sub)
+    _baseline_parser(sub)
+    _report_parser(sub)
     _images_parser(sub)
+    _bench_parser(sub)
     return parser
 
 
@@ -79,6 +139,47 @@ def _verdict(args: argparse.Namespace) -> int:
 
     return verdict.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
                             timed_out_s=args.timed_out)
+
+
+def _healthcheck(args: argparse.Namespace) -> int:
+    from stackproof.act import run
+    from stackproof.act.config import ActConfig
+
+    try:
+        settings, act_settings = ValidateConfig.from_args(args), ActConfig.from_args(args)
+    except ConfigError as err:
+        return run.bad_input(err, sys.stdout)
+    return run.healthcheck(settings, act_settings, sys.stdout)
+
+
+def _act(args: argparse.Namespace) -> int:
+    from stackproof.act import run
+    from stackproof.act.config import ActConfig
+
+    return run.act_on_reports(args.reports, ActConfig.from_args(args), sys.stdout)
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    import json
+
+    from stackproof.suite import baseline
+
+    made, said = baseline.make(args.reports)
+    args.output.write_text(json.dumps(made, indent=2) + "\n")
+    print("\n".join(said))
+    for entry in made["entries"]:
+        figures = sum(len(f) for f in entry["figures"].values())
+        print(f"# {baseline.key_text(entry['key'])}: {figures} figures from {len(entry['reports'])} report(s)")
+    print(f"# baseline: {args.output}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from stackproof.pictures import page
+
+    path = page.write(args.reports, args.output, references=args.reference)
+    print(f"# report: {path}")
+    return 0
 
 
 def _images(args: argparse.Namespace) -> int:
@@ -113,9 +214,16 @@ def _images(args: argparse.Namespace) -> int:
     raise AssertionError(args.images_command)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from stackproof.bench import resnet
+
+    return resnet.run(resnet.ResnetBench.from_args(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"validate": _validate, "verdict": _verdict, "images": _images}
+    commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
+                "baseline": _baseline, "report": _report, "images": _images, "bench": _bench}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

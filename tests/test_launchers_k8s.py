@@ -291,3 +291,44 @@ def test_pod_without_its_gpus_exits_3(tmp_path):
     proc = subprocess.run(["bash", "-c", script, *rest], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "no GPU visible" in proc.stdout and "expected >= 8, found 0" in proc.stdout
+
+
+# --- every manifest against the Kubernetes API schema (kubernetes-validate bundles the schemas) --------------
+
+def _schema_errors(docs: list[dict]) -> list[str]:
+    """Each document against its kind's schema (strict: unknown fields fail). A custom resource (PyTorchJob)
+    has no bundled schema: its pod templates are validated as core PodTemplates instead."""
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (dev extra)")
+    errors = []
+    for doc in docs:
+        if doc["kind"] == "PyTorchJob":
+            targets = [{"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"{role.lower()}"},
+                        "template": spec["template"]} for role, spec in doc["spec"]["pytorchReplicaSpecs"].items()]
+        else:
+            targets = [doc]
+        for target in targets:
+            try:
+                kv.validate(target, kv.latest_version(), strict=True)
+            except kv.ValidationError as err:
+                errors.append(f"{target['kind']}/{target['metadata'].get('name')}: {err.message} at "
+                              f"{'.'.join(map(str, err.path))}")
+    return errors
+
+
+@pytest.mark.parametrize("path", sorted(K8S.glob("*.yaml")), ids=lambda p: p.name)
+def test_manifest_matches_the_kubernetes_schema(path):
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert docs and not _schema_errors(docs), _schema_errors(docs)
+
+
+@pytest.mark.parametrize("breakage", ["memory limit not a quantity", "unknown field"])
+def test_schema_validation_fails_a_broken_manifest(breakage):
+    docs = [doc for doc in yaml.safe_load_all(INDEXED.read_text()) if doc]
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert not _schema_errors(docs)
+    if breakage == "unknown field":
+        job["spec"]["completionsTypo"] = 2
+    else:
+        job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = ["256Gi"]
+    (error,) = _schema_errors(docs)
+    assert error.startswith("Job/stackproof-validate:"), error

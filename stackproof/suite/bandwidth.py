@@ -2,6 +2,9 @@
 
   algbw = bytes / time,  busbw = algbw * 2(n-1)/n,  GB = 1e9 bytes,
   time = mean over ranks of (back-to-back iterations timed with CUDA events after warm-up) / iterations.
+
+Eager mode enqueues the iterations while the GPU is held, so the time is the GPU's; graph mode (nccl-tests -G)
+replays them from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import torch
 import torch.distributed as dist
 
 GB = 1e9
+# The eager timing holds the GPU for ~10 ms at 2 GHz (longer than a size's launches take to enqueue), and holds
+# longer if the host still was not done; graph mode launches its graph this often (nccl-tests -G N).
+HOLD_CYCLES, HOLD_TRIES = 20_000_000, 3
+GRAPH_LAUNCHES = 10
 _DTYPE_NAMES = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
 
 
@@ -53,29 +60,111 @@ class Row:
 
 def time_all_reduce(nbytes: int, world_size: int, device: torch.device, warmup: int, iters: int,
                     dtype: torch.dtype = torch.float32) -> Row:
-    count = nbytes // torch.tensor([], dtype=dtype).element_size()
-    buffer = torch.zeros(count, dtype=dtype, device=device)  # zeros: sums never overflow across iterations
+    """nccl-tests' eager timing: `iters` back-to-back in-place all_reduce, one synchronization."""
+    buffer = _zeros(nbytes, dtype, device)
     for _ in range(warmup):
         dist.all_reduce(buffer)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            dist.all_reduce(buffer)
-        end.record()
-        end.synchronize()
-        seconds = start.elapsed_time(end) / 1e3 / iters
+        seconds = _time_held_launches(lambda: dist.all_reduce(buffer), iters, device)
     else:
         begin = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(buffer)
         seconds = (time.perf_counter() - begin) / iters
+    return _row(nbytes, buffer, seconds, world_size)
+
+
+def time_all_reduce_graph(nbytes: int, world_size: int, device: torch.device, iters: int,
+                          launches: int = GRAPH_LAUNCHES, dtype: torch.dtype = torch.float32) -> Row:
+    """nccl-tests -G: `iters` in-place all_reduce captured in one CUDA graph, the graph launched `launches` times
+    back to back, one synchronization; the host's per-call work is out of the figure."""
+    buffer = _zeros(nbytes, dtype, device)
+    graph = capture_all_reduce(buffer, iters)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(launches):
+        graph.replay()
+    end.record()
+    end.synchronize()  # no graph launch outstanding when NCCL is next called eagerly (dist.NCCL_GRAPH_MIXING)
+    return _row(nbytes, buffer, start.elapsed_time(end) / 1e3 / (iters * launches), world_size)
+
+
+def capture_all_reduce(buffer: torch.Tensor, count: int) -> torch.cuda.CUDAGraph:
+    """`count` all_reduce of `buffer` in a CUDA graph (torch's recipe: a warm-up call on a side stream first)."""
+    side = torch.cuda.Stream(buffer.device)
+    side.wait_stream(torch.cuda.current_stream(buffer.device))
+    with torch.cuda.stream(side):
+        dist.all_reduce(buffer)
+    torch.cuda.current_stream(buffer.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: in the default global mode the capture hangs (NCCL's watchdog thread queries CUDA events).
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(count):
+            dist.all_reduce(buffer)
+    return graph
+
+
+def graph_all_reduce_sum_is_exact(rank: int, world_size: int, device: torch.device) -> bool:
+    """One captured all_reduce of (rank + 1) everywhere, replayed: every element must be the ranks' exact sum."""
+    buffer = torch.full((1 << 18,), float(rank + 1), dtype=torch.float32, device=device)
+    graph = capture_all_reduce(buffer, 1)
+    buffer.fill_(float(rank + 1))  # the capture's warm-up call reduced it once already
+    graph.replay()
+    torch.cuda.synchronize(device)
+    return bool((buffer == world_size * (world_size + 1) / 2).all())
+
+
+def graph_unsupported(device: torch.device) -> str:
+    """Why this rank cannot capture NCCL calls in a CUDA graph, or '' when it can."""
+    if device.type != "cuda":
+        return "CUDA graphs need a GPU"
+    nccl = torch.cuda.nccl.version()
+    if nccl < (2, 9, 6):
+        return f"NCCL {'.'.join(map(str, nccl))} cannot be captured in a CUDA graph (needs NCCL >= 2.9.6)"
+    return ""
+
+
+def _time_held_launches(launch, iters: int, device: torch.device) -> float:
+    """Seconds per launch, as the GPU saw it. A sleep kernel holds the GPU while the host enqueues every launch:
+    torch spends 25-40 us of host time per all_reduce, more than an H200 pair needs for one below 2 MiB
+    (6-20 us), so without the hold the figure would be the host's, not the link's (nccl-tests' own launch path
+    is lighter). The first launch after the hold lines the ranks up; the timed ones follow it."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    hold = HOLD_CYCLES
+    for _ in range(HOLD_TRIES):
+        held_from, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize(device)
+        held_from.record()
+        if sleep is not None:
+            sleep(hold)
+        launch()
+        start.record()
+        begin = time.perf_counter()
+        for _ in range(iters):
+            launch()
+        enqueued_s = time.perf_counter() - begin
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3 / iters
+        if sleep is None or enqueued_s < held_from.elapsed_time(start) / 1e3:
+            return seconds
+        hold *= 4  # the host was slower than the hold: the queue ran dry, hold longer
+    return seconds
+
+
+def _zeros(nbytes: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # zeros: sums never overflow across iterations
+    return torch.zeros(nbytes // torch.tensor([], dtype=dtype).element_size(), dtype=dtype, device=device)
+
+
+def _row(nbytes: int, buffer: torch.Tensor, seconds: float, world_size: int) -> Row:
     # nccl-tests' default: the time averaged over ranks.
-    shared = torch.tensor([seconds], dtype=torch.float64, device=device)
+    shared = torch.tensor([seconds], dtype=torch.float64, device=buffer.device)
     dist.all_reduce(shared)
     seconds = shared.item() / world_size
-    return Row(nbytes, count, _DTYPE_NAMES.get(dtype, str(dtype)), "sum", seconds * 1e6,
+    return Row(nbytes, buffer.numel(), _DTYPE_NAMES.get(buffer.dtype, str(buffer.dtype)), "sum", seconds * 1e6,
                algbw_gbps(nbytes, seconds), busbw_gbps(nbytes, seconds, world_size))
 
 

@@ -5,14 +5,14 @@ command line, so every rank runs with exactly the same settings.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import re
-from collections.abc import Callable, Sequence
-from typing import Any
 
 from stackproof.errors import ConfigError
+from stackproof.settings import Settings, at_least, flag_of, fraction, option, parse_bytes, positive
+from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
+
+__all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
 
 FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu", "slow-node", "slow-link")
 TIERS = ("full", "fast")
@@ -21,96 +21,68 @@ REPORTS_ENV = "STACKPROOF_REPORTS"
 # collective's own timeout and the cross-rank sync get the first chance to say it.
 WATCHDOG_GRACE_S = 10.0
 
-_SIZE = re.compile(r"^(\d+)\s*([KMG]i?B?|B)?$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_bytes(text: str) -> int:
-    """'4G', '256MiB', '65536' -> bytes (binary units, as nccl-tests' -b/-e take them)."""
-    match = _SIZE.match(str(text).strip())
-    if not match:
-        raise ValueError(f"expected a size such as 65536, 64K, 256M or 4G, found {text!r}")
-    return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()[:1]]
-
-
-def _at_least(low: float) -> Callable[[Any], str | None]:
-    return lambda v: None if v is None or v >= low else f"expected >= {low:g}, found {v}"
-
-
-def _positive(v: Any) -> str | None:
-    return None if v is None or v > 0 else f"expected > 0, found {v}"
-
-
-def _fraction(v: Any) -> str | None:
-    return None if v is None or 0 < v <= 1 else f"expected a fraction in (0, 1], found {v}"
-
-
-def option(default: Any = None, help: str = "", *, flag: str | None = None, metavar: str | None = None,
-           parse: Callable[[str], Any] | None = None, check: Callable[[Any], str | None] | None = None,
-           choices: Sequence[str] | None = None, factory: Callable[[], Any] | None = None,
-           positional: bool = False) -> Any:
-    """A settings field and its command-line flag, declared together."""
-    meta = {"help": help, "flag": flag, "metavar": metavar, "parse": parse, "check": check, "choices": choices,
-            "positional": positional}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
-
 
 @dataclasses.dataclass(frozen=True)
-class ValidateConfig:
+class ValidateConfig(Settings):
     expect_gpus: int | None = option(
         None, "GPUs that must be visible on each node (default: >= 1 when NVIDIA_VISIBLE_DEVICES requests GPUs, "
-              "else whatever is there; 0 validates on CPU)", metavar="N", check=_at_least(0))
-    nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=_at_least(1))
+              "else whatever is there; 0 validates on CPU)", metavar="N", check=at_least(0))
+    nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=at_least(1))
     tier: str = option("full", "full: every check; fast: host, GPU identity and health, the per-GPU "
                                "checks and the local GPU pair matrix", choices=TIERS)
     nnodes: int = option(1, "nodes in the run; every node runs this same command (with --node-rank and "
-                            "--master-addr, or --rdzv-endpoint)", metavar="N", check=_at_least(1))
+                            "--master-addr, or --rdzv-endpoint)", metavar="N", check=at_least(1))
     node_rank: int | None = option(None, "this node's rank, 0..nnodes-1, for a static rendezvous at --master-addr",
-                                   metavar="R", check=_at_least(0))
+                                   metavar="R", check=at_least(0))
     master_addr: str | None = option(None, "node 0's address (static rendezvous; node 0 hosts the store)",
                                      metavar="HOST")
-    master_port: int = option(29500, "node 0's store port (static rendezvous)", metavar="PORT", check=_at_least(1))
+    master_port: int = option(29500, "node 0's store port (static rendezvous)", metavar="PORT", check=at_least(1))
     rdzv_endpoint: str | None = option(None, "host:port of a c10d rendezvous (any node, usually the first): nodes "
                                              "join in any order and get node ranks in join order", metavar="HOST:PORT")
     rdzv_id: str = option("stackproof", "the run's name at --rdzv-endpoint: nodes join the run with their id",
                           metavar="ID")
     rendezvous_timeout: float = option(600.0, "seconds every rank may take to join at start-up (a large job's "
-                                              "start-up skew)", metavar="S", check=_positive)
+                                              "start-up skew)", metavar="S", check=positive)
     timeout: float = option(300.0, "seconds one collective or cross-rank sync may take", metavar="S",
-                            check=_positive)
+                            check=positive)
     check_timeout: float | None = option(
         None, f"seconds one check may take before the watchdog names the rank holding it up (default: "
-              f"--timeout + {WATCHDOG_GRACE_S:g})", metavar="S", check=_positive)
-    run_timeout: float = option(1800.0, "seconds the whole run may take", metavar="S", check=_positive)
+              f"--timeout + {WATCHDOG_GRACE_S:g})", metavar="S", check=positive)
+    run_timeout: float = option(1800.0, "seconds the whole run may take", metavar="S", check=positive)
     min_busbw: float | None = option(None, "all_reduce busbw (GB/s) the largest size must reach (default: derived "
                                            "from the NVLink/PCIe topology on one node)", metavar="GBPS",
-                                     check=_at_least(0))
+                                     check=at_least(0))
     busbw_fraction: float = option(0.5, "fraction of the topology's peak link bandwidth required when deriving",
-                                   metavar="F", check=_fraction)
+                                   metavar="F", check=fraction)
     hbm_fraction: float = option(0.7, "fraction of the NVML-derived memory bandwidth a GPU's device copy must "
-                                      "reach", metavar="F", check=_fraction)
+                                      "reach", metavar="F", check=fraction)
     pcie_fraction: float = option(0.7, "fraction of the NVML-derived PCIe bandwidth pinned host<->device copies "
-                                       "must reach", metavar="F", check=_fraction)
+                                       "must reach", metavar="F", check=fraction)
     gemm_fraction: float = option(0.6, "fraction of the NVML-derived bf16 dense peak an 8192^3 GEMM must reach",
-                                  metavar="F", check=_fraction)
+                                  metavar="F", check=fraction)
     gpu_spread: float = option(0.10, "a GPU slower than the median of the job's GPUs of its model by more than "
-                                     "this fraction fails", metavar="F", check=_fraction)
+                                     "this fraction fails", metavar="F", check=fraction)
     max_check_bytes: int | None = option(None, "largest all_reduce correctness buffer (default 256M on GPU, 16M on "
-                                               "CPU)", metavar="SIZE", parse=parse_bytes, check=_at_least(1))
-    sweep_min: int | None = option(None, "bandwidth sweep start (default 1M on GPU, 64K on CPU)", metavar="SIZE",
-                                   parse=parse_bytes, check=_at_least(1))
+                                               "CPU)", metavar="SIZE", parse=parse_bytes, check=at_least(1))
+    sweep_min: int | None = option(None, "bandwidth sweep start (default 8 on GPU, as nccl-tests -b 8; 64K on CPU)",
+                                   metavar="SIZE", parse=parse_bytes, check=at_least(1))
     sweep_max: int | None = option(None, "bandwidth sweep end (default 4G on GPU, 4M on CPU)", metavar="SIZE",
-                                   parse=parse_bytes, check=_at_least(1))
-    iters: int = option(20, "timed iterations per sweep size", metavar="N", check=_at_least(1))
-    warmup: int = option(5, "warm-up iterations per sweep size", metavar="N", check=_at_least(0))
+                                   parse=parse_bytes, check=at_least(1))
+    graph_max: int = option(64 << 20, "CUDA-graph sweep end (as nccl-tests -G, from --sweep-min; 0: none)",
+                            metavar="SIZE", parse=parse_bytes, check=at_least(0))
+    iters: int = option(20, "timed iterations per sweep size", metavar="N", check=at_least(1))
+    warmup: int = option(5, "warm-up iterations per sweep size", metavar="N", check=at_least(0))
     train_batch: int | None = option(None, "ResNet-50 batch per rank (default 256 on GPU, 4 on CPU)", metavar="N",
-                                     check=_at_least(1))
+                                     check=at_least(1))
     train_image_size: int | None = option(None, "ResNet-50 input size (default 224 on GPU, 64 on CPU)",
-                                          metavar="PX", check=_at_least(1))
-    train_steps: int = option(3, "ResNet-50 training steps compared across ranks", metavar="N", check=_at_least(2))
-    bench_steps: int = option(20, "timed ResNet-50 steps for img/s", metavar="N", check=_at_least(1))
+                                          metavar="PX", check=at_least(1))
+    train_steps: int = option(3, "ResNet-50 training steps compared across ranks", metavar="N", check=at_least(2))
+    bench_steps: int = option(20, "timed ResNet-50 steps for img/s", metavar="N", check=at_least(1))
+    baseline: str | None = option(None, "fail a figure more than --baseline-tolerance worse than its median in this "
+                                        "baseline (made by `stackproof baseline`) for this run's GPU model and "
+                                        "topology", metavar="PATH", check=baseline_problem)
+    baseline_tolerance: float = option(0.05, "how much worse than its baseline a figure may be, as a fraction of the "
+                                             "baseline", metavar="F", check=positive)
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
@@ -118,36 +90,31 @@ class ValidateConfig:
                                "./reports)", metavar="DIR", factory=lambda: os.environ.get(REPORTS_ENV, "reports"))
     pair_bytes: int | None = option(None, "bytes each pair of ranks sends each way per exchange in the pairwise "
                                           "pass (default 256M on GPU, 1M on CPU)", metavar="SIZE", parse=parse_bytes,
-                                    check=_at_least(4))
+                                    check=at_least(4))
     min_pair_gbps: float | None = option(None, "bandwidth (GB/s, each direction) every node pair, and every local "
                                                "pair without an NVML link (CPU ranks), must reach in the pairwise pass "
                                                "(default: --pair-tolerance below the job's reference)",
-                                         metavar="GBPS", check=_at_least(0))
+                                         metavar="GBPS", check=at_least(0))
     pair_tolerance: float = option(0.25, "a pair slower than the job's reference (the median over nodes, or GPUs, of "
                                          "each one's best pair) by more than this fraction is slow", metavar="F",
-                                   check=_fraction)
+                                   check=fraction)
     straggler_tolerance: float = option(0.10, "a rank whose own work before a collective (or DDP step) takes this "
                                               "fraction longer than the job's median is a straggler", metavar="F",
-                                        check=_positive)
+                                        check=positive)
     inject_fault: str | None = option(None, "break something on purpose on --fault-rank, to prove the suite "
                                             "fails when it should; slow-node: every rank on the fault rank's node "
                                             "holds back each send and its timed work (10x slower); slow-link: only "
                                             "sends between the fault rank's node and the next node (node+1 mod "
                                             "nodes) are held back (on one node: between the fault rank and the next "
                                             "local rank)", choices=FAULTS)
-    fault_rank: int = option(1, "rank that --inject-fault breaks", metavar="R", check=_at_least(0))
+    fault_rank: int = option(1, "rank that --inject-fault breaks", metavar="R", check=at_least(0))
     select: str | None = option(None, "run only checks matching this pytest -k expression", flag="-k",
                                 metavar="EXPR")
     pytest_args: tuple[str, ...] = option((), "extra pytest arguments, after --", metavar="PYTEST_ARGS",
                                           positional=True)
 
     def __post_init__(self) -> None:
-        problems = [f"{flag_of(f)}: {message}" for f in dataclasses.fields(self)
-                    if f.metadata.get("check") and (message := f.metadata["check"](getattr(self, f.name)))]
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) is not None and getattr(self, f.name) not in choices:
-                problems.append(f"{flag_of(f)}: expected one of {', '.join(choices)}, found {getattr(self, f.name)!r}")
+        problems = self.field_problems()
         if self.timeout > self.run_timeout:
             problems.append(f"--timeout {self.timeout:g} must not exceed --run-timeout {self.run_timeout:g}")
         if self.sweep_min and self.sweep_max and self.sweep_min > self.sweep_max:
@@ -159,8 +126,7 @@ class ValidateConfig:
                             "--master-addr (static), found neither")
         if self.node_rank is not None and self.node_rank >= self.nnodes:
             problems.append(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
-        if problems:
-            raise ConfigError("; ".join(problems) + " (see: stackproof validate --help)")
+        self.refuse(problems, "stackproof validate --help")
 
     @property
     def watchdog_s(self) -> float:
@@ -189,53 +155,3 @@ class ValidateConfig:
         if self.inject_fault and self.fault_rank >= world_size:
             raise ConfigError(f"--fault-rank {self.fault_rank}: expected a rank of this run (0..{world_size - 1}), "
                               f"found {self.fault_rank}; a fault on a rank that does not exist proves nothing")
-
-    # The command line, generated from the fields above.
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        for f in dataclasses.fields(cls):
-            meta = f.metadata
-            default = f.default if f.default is not dataclasses.MISSING else None
-            text = meta["help"] + (f" (default {default})" if default not in (None, (), "") else "")
-            if meta["positional"]:
-                parser.add_argument(f.name, nargs="*", metavar=meta["metavar"], help=text)
-                continue
-            parser.add_argument(flag_of(f), dest=f.name, metavar=meta["metavar"], choices=meta["choices"],
-                                type=_arg_type(f), default=argparse.SUPPRESS, help=text)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ValidateConfig:
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-        values["pytest_args"] = tuple(values.get("pytest_args", ()))
-        return cls(**values)
-
-    def to_argv(self) -> list[str]:
-        """The flags that reproduce these settings (what the launcher hands every rank)."""
-        argv: list[str] = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.metadata["positional"]:
-                continue
-            if value is not None:
-                argv += [flag_of(f), str(value)]
-        return [*argv, "--", *self.pytest_args] if self.pytest_args else argv
-
-
-def flag_of(field: dataclasses.Field) -> str:
-    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
-
-
-def _arg_type(field: dataclasses.Field) -> Callable[[str], Any]:
-    parse = field.metadata.get("parse")
-    kind = {"int | None": int, "int": int, "float | None": float, "float": float}.get(str(field.type), str)
-    convert = parse or kind
-    name = {int: "a whole number", float: "a number"}.get(convert, "a value")
-
-    def typed(text: str) -> Any:
-        try:
-            return convert(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err) if parse else f"expected {name}, found {text!r}") from None
-
-    typed.__name__ = name  # argparse names the type in its message
-    return typed

@@ -108,6 +108,25 @@ def state_bytes(model: torch.nn.Module) -> bytes:
     return buffer.getvalue()
 
 
+def train_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor,
+               autocast: torch.dtype | None):
+    """(forward_backward, step): one pass of cross-entropy loss and its gradients (autocast to `autocast` when
+    given), and that pass followed by the optimizer's step."""
+
+    def forward_backward() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(images.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            loss = torch.nn.functional.cross_entropy(module(images), labels)
+        loss.backward()
+        return loss
+
+    def step() -> None:
+        forward_backward()
+        optimizer.step()
+
+    return forward_backward, step
+
+
 def images_per_second(step, batch: int, steps: int, device: torch.device) -> float:
     """Time `steps` back-to-back calls of `step()` after the caller's warm-up."""
     if device.type == "cuda":

@@ -1,0 +1,30 @@
+"""What `stackproof healthcheck` and `stackproof act` do with a verdict: one checked dataclass, whose flags are
+generated like validate's (stackproof/settings.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stackproof.settings import Settings, at_least, option, positive
+
+SCHEDULERS = ("slurm", "kubernetes", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class ActConfig(Settings):
+    scheduler: str | None = option(None, "act through slurm (scontrol: drain a failed node), kubernetes (kubectl: "
+                                         "label every node, annotate and taint a failed one) or none (say what "
+                                         "would be done)", choices=SCHEDULERS)
+    node: str | None = option(None, "the node's name in the scheduler. healthcheck: this node's (default "
+                                    "STACKPROOF_NODE_NAME, SLURMD_NODENAME, else the host name); act: act on this "
+                                    "node only (default: every node of the report)", metavar="NAME")
+    act_timeout: float = option(30.0, "seconds each scontrol / kubectl call may take", metavar="S", check=positive)
+    max_nodes: int | None = option(None, "act on no node when more than N nodes of one run failed (a failure that "
+                                         "wide is more likely the image or the settings); default: no limit",
+                                   metavar="N", check=at_least(1))
+
+    def __post_init__(self) -> None:
+        problems = self.field_problems()
+        if self.scheduler is None:
+            problems.append(f"--scheduler: expected one of {', '.join(SCHEDULERS)}, found none")
+        self.refuse(problems, "stackproof healthcheck --help")

@@ -1,0 +1,1 @@
+"""Benchmarks a user runs on their machines (`stackproof bench ...`): figures, not verdicts."""

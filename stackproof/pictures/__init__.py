@@ -1,0 +1,1 @@
+"""The host-side pictures of runs: `stackproof report` (needs the extra stackproof[report])."""

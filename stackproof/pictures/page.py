@@ -1,0 +1,218 @@
+"""`stackproof report`: one self-contained HTML page of one or more runs (docs/report-html.md).
+
+The page reads report.json as its contract says (docs/report-format.md), by field and column name, and
+tolerates fields, tables and columns it does not know. Several reports make one page: the verdict at the top is
+the worst of them, the failing checks of every run come first, the busbw sweeps share one plot (to compare runs,
+or the nodes of a fleet run one report per node), and each run has its own check and node tables."""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from stackproof import __version__
+from stackproof.errors import ConfigError, Exit
+from stackproof.pictures import nccl_tests
+from stackproof.suite import baseline
+from stackproof.suite.report import REPORT_FILE, SCHEMA
+
+VERDICT_ORDER = ("OK", "INTERRUPTED", "FAILED")
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ccc; }
+.verdict { padding: 0.6em 1em; font-size: 1.3em; font-weight: bold; border-radius: 4px; color: #fff; }
+.OK { background: #2e7d32; } .FAILED { background: #c62828; } .INTERRUPTED { background: #ef6c00; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.85em; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } tr.FAIL td { background: #fdecea; } tr.SKIP td { color: #777; }
+td.FAIL { color: #c62828; font-weight: bold; } td.PASS { color: #2e7d32; }
+.plots { display: flex; flex-wrap: wrap; gap: 1em; } .plot svg { max-width: 100%; height: auto; }
+.muted { color: #777; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def load(path: Path) -> tuple[str, dict[str, Any]]:
+    """(the label of the run, its report.json); another schema is refused, exit 2."""
+    file = path / REPORT_FILE if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{file}: expected a stackproof report.json, found {type(err).__name__}: {err}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"{file}: field 'schema': expected {SCHEMA!r}, found {found!r}; fix: give report.json "
+                          "files written by `stackproof validate`")
+    nodes = ",".join(n.get("node", "?") for n in data.get("nodes", [])) or "?"
+    return f"{nodes} {data.get('started', '')[:19]}", data
+
+
+def _table(headers: list[str], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
+    """Cells are HTML already (escaped by the caller)."""
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join(f'<tr class="{(row_classes or [""] * len(rows))[i]}">' + "".join(f"<td>{c}</td>" for c in row)
+                   + "</tr>" for i, row in enumerate(rows))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _where(report: dict[str, Any], rank: int) -> str:
+    ranks = report.get("ranks", [])
+    ident = ranks[rank] if 0 <= rank < len(ranks) else {}
+    gpu = ident.get("gpu") or {}
+    gpu_text = f" GPU {gpu['index']} ({gpu.get('serial') or gpu.get('uuid', '')})" if gpu else ""
+    return f"rank {rank} on {ident.get('node', '?')}{gpu_text}"
+
+
+def _figures(check: dict[str, Any]) -> str:
+    parts = []
+    for name, figure in check.get("figures", {}).items():
+        value = figure.get("value")
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        parts.append(f"{name}={text} {figure.get('unit', '')}".strip())
+    return "; ".join(parts)
+
+
+def _checks(report: dict[str, Any], label: str | None = None, only_failed: bool = False) -> tuple[str, int]:
+    order = {"FAIL": 0, "SKIP": 2, "PASS": 1}
+    checks = sorted(report.get("checks", []), key=lambda c: order.get(c.get("verdict"), 0))  # stable: run order
+    rows, classes = [], []
+    for check in checks:
+        verdict = check.get("verdict", "?")
+        if only_failed and verdict != "FAIL":
+            continue
+        note = check.get("message", "").splitlines()[0] if check.get("message") else ""
+        if verdict == "FAIL" and check.get("failed_ranks"):
+            note += " [" + "; ".join(_where(report, r) for r in check["failed_ranks"][:8]) + "]"
+        fix = check.get("hint", "") if verdict == "FAIL" else ""
+        row = [_e(check.get("name", "?")), f'<span class="{_e(verdict)}">{_e(verdict)}</span>',
+               _e(_figures(check)), _e(note), _e(fix)]
+        rows.append(([_e(label)] if label is not None else []) + row)
+        classes.append(verdict)
+    headers = (["run"] if label is not None else []) + ["check", "verdict", "figures", "why", "fix"]
+    return _table(headers, rows, classes), len(rows)
+
+
+def _nodes(report: dict[str, Any]) -> str:
+    rows, classes = [], []
+    for node in report.get("nodes", []):
+        failed = "; ".join(f"{f['check']} (rank {', '.join(map(str, f['ranks']))})"
+                           for f in node.get("failed_checks", []))
+        gpus = ", ".join(str(g.get("serial") or g.get("uuid") or g.get("index")) for g in node.get("gpus", []))
+        rows.append([_e(node.get("node")), _e(node.get("verdict")), _e(len(node.get("ranks", []))),
+                     _e(gpus or "none (CPU)"), _e(failed)])
+        classes.append(node.get("verdict", ""))
+    return _table(["node", "verdict", "ranks", "GPUs (serial)", "failed checks"], rows, classes)
+
+
+def _sweeps(runs: list[tuple[str, dict[str, Any]]], references: list[tuple[str, list[nccl_tests.Row]]]) -> str:
+    """busbw and time against size: every run's busbw tables, the threshold, and nccl-tests runs as lines."""
+    from stackproof.pictures import plots
+
+    busbw, times, thresholds = [], [], []
+    for label, report in runs:
+        prefix = f"{label}: " if len(runs) > 1 else ""
+        for name, rows in report.get("tables", {}).items():
+            usable = [r for r in rows if isinstance(r, dict) and "size_bytes" in r and "busbw_gbps" in r]
+            if usable:  # every busbw table: the sweep, and any other mode's (tolerating columns not known here)
+                sizes = [r["size_bytes"] for r in usable]
+                busbw.append((f"{prefix}{name}", sizes, [r["busbw_gbps"] for r in usable], "-"))
+                if all("time_us" in r for r in usable):
+                    times.append((f"{prefix}{name}", sizes, [r["time_us"] for r in usable], "-"))
+        bar = report.get("context", {}).get("busbw_threshold") or {}
+        if bar.get("gbps") is not None:
+            thresholds.append((f"{prefix}threshold {bar['gbps']:g} GB/s ({bar.get('source', '')})", bar["gbps"]))
+    for name, rows in references:
+        for placement, style, pick in (("in-place", "--", lambda r: r.in_place),
+                                       ("out-of-place", ":", lambda r: r.out_of_place)):
+            measured = [(r.size_bytes, pick(r)) for r in rows if pick(r)]
+            if measured:
+                sizes = [size for size, _ in measured]
+                busbw.append((f"nccl-tests {placement} ({name})", sizes, [m[2] for _, m in measured], style))
+                times.append((f"nccl-tests {placement} ({name})", sizes, [m[0] for _, m in measured], style))
+    if not busbw:
+        return '<p class="muted">No busbw sweep in these reports (the bandwidth checks did not run).</p>'
+    html_busbw = plots.sweep(busbw, thresholds, "all_reduce bus bandwidth vs message size", "busbw (GB/s)")
+    html_time = plots.sweep(times, [], "all_reduce time vs message size", "time (us, log scale)", log_y=True)
+    return f'<div class="plot" id="busbw-plot">{html_busbw}</div><div class="plot" id="time-plot">{html_time}</div>'
+
+
+def _per_gpu(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """Bars per GPU (per rank on CPU) of every figure measured per GPU: the per_gpu checks', and any figure
+    whose value differs between ranks."""
+    from stackproof.pictures import plots
+
+    charts = []
+    for label, report in runs:
+        per_rank = baseline.per_rank_figures(report)
+        checks = {c.get("name"): c for c in report.get("checks", [])}
+        names = sorted({(check, fig) for figs in per_rank.values() for check, names in figs.items()
+                        for fig in names})
+        for check, fig in names:
+            values = [(rank, per_rank[rank][check][fig]) for rank in sorted(per_rank) if fig in
+                      per_rank[rank].get(check, {})]
+            if not (check.startswith("per_gpu::") or len({v["value"] for _, v in values}) > 1):
+                continue
+            bar = (checks.get(check, {}).get("figures", {}).get(f"{fig}_bar") or {}).get("value")
+            unit = values[0][1]["unit"]
+            title = f"{label}: {check} {fig}" if len(runs) > 1 else f"{check} {fig}"
+            svg = plots.bars([_where(report, rank).replace(" on ", "\n") for rank, _ in values],
+                             [v["value"] for _, v in values], unit, title,
+                             bar if isinstance(bar, (int, float)) else None, baseline.UNIT_BETTER[unit])
+            charts.append(f'<div class="plot per-gpu">{svg}</div>')
+    if not charts:
+        return '<p class="muted">No figure was measured per GPU or per rank in these reports.</p>'
+    return f'<div class="plots">{"".join(charts)}</div>'
+
+
+def render(runs: list[tuple[str, dict[str, Any]]],
+           references: list[tuple[str, list[nccl_tests.Row]]] = ()) -> str:
+    verdict = max((r.get("verdict", "FAILED") for _, r in runs),
+                  key=lambda v: VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER))
+    summary = _table(["run", "verdict", "exit code", "why", "checks (passed / failed / skipped / not run)",
+                      "ranks", "nodes", "wall time"],
+                     [[_e(label), _e(r.get("verdict")), _e(r.get("exit_code")), _e(r.get("message", "")),
+                       _e("{passed} / {failed} / {skipped} / {not_run}".format(
+                           **{k: r.get("counts", {}).get(k, "?") for k in ("passed", "failed", "skipped",
+                                                                            "not_run")})),
+                       _e(r.get("world", {}).get("size")), _e(r.get("world", {}).get("nodes")),
+                       _e(f"{r.get('wall_time_s', 0):.1f} s")] for label, r in runs],
+                     [("FAIL" if r.get("verdict") != "OK" else "") for _, r in runs])
+    failing = [_checks(report, label if len(runs) > 1 else None, only_failed=True) for label, report in runs]
+    failing_html = "".join(table for table, count in failing if count) or "<p>None: every check that ran passed.</p>"
+    per_run = "".join(f"<h3>{_e(label)}</h3><h4>Checks (failing first)</h4>{_checks(report)[0]}"
+                      f"<h4>Nodes</h4>{_nodes(report)}" for label, report in runs)
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    title = f"stackproof report: {verdict} ({len(runs)} run{'s' if len(runs) > 1 else ''})"
+    code = {"OK": Exit.OK, "INTERRUPTED": Exit.INTERRUPTED}.get(verdict, Exit.FAILED)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style></head>
+<body>
+<h1>{_e(title)}</h1>
+<div class="verdict {_e(verdict)}" id="verdict">Verdict: {_e(verdict)} ({_e(code.meaning if verdict == "OK" else
+    "at least one run did not pass")})</div>
+{summary}
+<h2>Failing checks</h2>
+{failing_html}
+<h2>all_reduce bandwidth and time</h2>
+{_sweeps(runs, list(references))}
+<h2>Per-GPU and per-rank figures</h2>
+{_per_gpu(runs)}
+<h2>Every check, per run</h2>
+{per_run}
+<p class="muted">Made by stackproof {_e(__version__)} on {_e(created)} from report.json (docs/report-format.md).</p>
+</body></html>
+"""
+
+
+def write(paths: list[Path], output: Path, references: list[Path] = ()) -> Path:
+    runs = [load(path) for path in paths]
+    text = render(runs, [(path.name, nccl_tests.read(path)) for path in references])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    return output

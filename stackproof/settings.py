@@ -1,0 +1,138 @@
+"""Settings objects whose command line is generated from them: each field is declared once, with its flag, help,
+parse and check (`option`), and `Settings` turns the dataclass into argparse flags, back into an object, and
+into the argv that reproduces it (what a launcher hands its workers)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from stackproof.errors import ConfigError
+
+_S = TypeVar("_S", bound="Settings")
+
+_SIZE = re.compile(r"^(\d+)\s*([KMG]i?B?|B)?$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """'4G', '256MiB', '65536' -> bytes (binary units, as nccl-tests' -b/-e take them)."""
+    match = _SIZE.match(str(text).strip())
+    if not match:
+        raise ValueError(f"expected a size such as 65536, 64K, 256M or 4G, found {text!r}")
+    return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()[:1]]
+
+
+def at_least(low: float) -> Callable[[Any], str | None]:
+    return lambda v: None if v is None or v >= low else f"expected >= {low:g}, found {v}"
+
+
+def positive(v: Any) -> str | None:
+    return None if v is None or v > 0 else f"expected > 0, found {v}"
+
+
+def fraction(v: Any) -> str | None:
+    return None if v is None or 0 < v <= 1 else f"expected a fraction in (0, 1], found {v}"
+
+
+def option(default: Any = None, help: str = "", *, flag: str | None = None, metavar: str | None = None,
+           parse: Callable[[str], Any] | None = None, check: Callable[[Any], str | None] | None = None,
+           choices: Sequence[str] | None = None, factory: Callable[[], Any] | None = None,
+           positional: bool = False) -> Any:
+    """A settings field and its command-line flag, declared together."""
+    meta = {"help": help, "flag": flag, "metavar": metavar, "parse": parse, "check": check, "choices": choices,
+            "positional": positional}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+class Settings:
+    """Base of the frozen settings dataclasses (ValidateConfig, ...): fields declared with `option`."""
+
+    def field_problems(self) -> list[str]:
+        """Each field's own check and choices, as '<flag>: expected ..., found ...'."""
+        problems = [f"{flag_of(f)}: {message}" for f in dataclasses.fields(self)
+                    if f.metadata.get("check") and (message := f.metadata["check"](getattr(self, f.name)))]
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) is not None and getattr(self, f.name) not in choices:
+                problems.append(f"{flag_of(f)}: expected one of {', '.join(choices)}, found {getattr(self, f.name)!r}")
+        return problems
+
+    @staticmethod
+    def refuse(problems: list[str], help_command: str) -> None:
+        if problems:
+            raise ConfigError("; ".join(problems) + f" (see: {help_command})")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            default = f.default if f.default is not dataclasses.MISSING else None
+            text = meta["help"] + (f" (default {default})" if default not in (None, (), "") else "")
+            if meta["positional"]:
+                parser.add_argument(f.name, nargs="*", metavar=meta["metavar"], help=text)
+                continue
+            if str(f.type) == "bool":
+                parser.add_argument(flag_of(f), dest=f.name, action="store_true", default=argparse.SUPPRESS,
+                                    help=meta["help"])
+                continue
+            parser.add_argument(flag_of(f), dest=f.name, metavar=meta["metavar"], choices=meta["choices"],
+                                type=_arg_type(f), default=argparse.SUPPRESS, help=text)
+
+    @classmethod
+    def from_args(cls: type[_S], args: argparse.Namespace) -> _S:
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+        for f in dataclasses.fields(cls):
+            if f.metadata["positional"]:
+                values[f.name] = tuple(values.get(f.name, ()))
+        return cls(**values)
+
+    def to_argv(self) -> list[str]:
+        """The flags that reproduce these settings (what the launcher hands every rank)."""
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["positional"] or value is None or value is False or value == ():
+                continue
+            if value is True:
+                argv.append(flag_of(f))
+            elif isinstance(value, tuple):
+                argv += [flag_of(f), ",".join(map(str, value))]
+            else:
+                argv += [flag_of(f), str(value)]
+        rest = [v for f in dataclasses.fields(self) if f.metadata["positional"] for v in getattr(self, f.name)]
+        return [*argv, "--", *rest] if rest else argv
+
+
+def parse_counts(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4)."""
+    try:
+        counts = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        raise ValueError(f"expected whole numbers separated by commas, such as 1,2,4, found {text!r}") from None
+    return counts
+
+
+def flag_of(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+
+
+def _arg_type(field: dataclasses.Field) -> Callable[[str], Any]:
+    parse = field.metadata.get("parse")
+    kind = {"int | None": int, "int": int, "float | None": float, "float": float}.get(str(field.type), str)
+    convert = parse or kind
+    name = {int: "a whole number", float: "a number"}.get(convert, "a value")
+
+    def typed(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err) if parse else f"expected {name}, found {text!r}") from None
+
+    typed.__name__ = name  # argparse names the type in its message
+    return typed

@@ -1,0 +1,61 @@
+"""`stackproof bench resnet`: real torchrun runs of ResNet-50 under DDP (CPU ranks here; GPUs on a GPU host)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from stackproof.bench.resnet import ResnetBench, Result, format_table, with_scaling
+
+BENCH = [sys.executable, "-m", "stackproof", "bench", "resnet"]
+
+
+def test_bench_runs_one_and_two_ranks_and_reports_scaling(tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run([*BENCH, "--nproc", "1,2", "--steps", "1", "--warmup", "1", "--image-size", "32",
+                           "--batch", "2", "--timeout", "600", "-o", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert all(line.startswith(("#", "  ")) for line in lines), lines  # nccl-tests' contract: '#' or data
+    data = [line.split() for line in lines if line.startswith("  ")]
+    assert [(row[0], row[1], row[2]) for row in data] == [("1", "cpu", "eager"), ("2", "cpu", "eager")]
+    results = json.loads(out.read_text())["results"]
+    assert [r["gpus"] for r in results] == [1, 2]
+    assert all(r["img_per_s_total"] > 0 and r["compile_s"] is None for r in results)
+    assert results[0]["scaling"] == 1.0
+    assert results[1]["scaling"] == pytest.approx(results[1]["img_per_s_total"] / (2 * results[0]["img_per_s_total"]))
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--nproc", "0"], "--nproc: expected counts >= 1, found 0"),
+    (["--nproc", "one,two"], "expected whole numbers separated by commas"),
+    (["--steps", "0"], "--steps: expected >= 1, found 0"),
+])
+def test_bad_input_is_exit_2_in_one_line(args, words):
+    done = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_scaling_is_against_the_same_modes_single_gpu_run():
+    runs = [Result(1, "cuda", "eager", 256, 224, 4700.0, 4700.0, None),
+            Result(1, "cuda", "compiled", 256, 224, 7000.0, 7000.0, 44.6),
+            Result(2, "cuda", "eager", 256, 224, 9212.0, 4606.0, None),
+            Result(8, "cuda", "compiled", 256, 224, 55160.0, 6895.0, 50.1)]
+    scaled = with_scaling(runs)
+    assert [round(r.scaling, 3) for r in scaled] == [1.0, 1.0, 0.98, 0.985]
+    assert "0.980" in format_table(scaled)
+    assert with_scaling([Result(2, "cuda", "eager", 256, 224, 9000.0, 4500.0, None)])[0].scaling is None
+
+
+def test_the_worker_gets_the_same_settings_back():
+    settings = ResnetBench(nproc=(1, 2), compile=True, batch=64, steps=5)
+    argv = settings.to_argv()
+    assert argv[:2] == ["--nproc", "1,2"] and "--compile" in argv
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ResnetBench.add_arguments(parser)
+    assert ResnetBench.from_args(parser.parse_args(argv)) == settings
