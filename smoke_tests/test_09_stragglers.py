@@ -2,6 +2,7 @@
 gradient sync (its own work: GEMMs, or forward + backward without the sync). A rank more than
 --straggler-tolerance slower than the job's median is named with its host and GPU."""
 
+import contextlib
 import statistics
 import time
 
@@ -55,9 +56,17 @@ def _ddp_step(dist_env):
     return own_work, sync
 
 
+@pytest.fixture
+def stack():
+    with contextlib.ExitStack() as contexts:
+        yield contexts
+
+
 @pytest.mark.parametrize("phase", PHASES)
-def test_no_rank_arrives_late(phase, dist_env, settings, report):
+def test_no_rank_arrives_late(phase, dist_env, settings, report, stack):
     if phase == "ddp_step":
+        # No cuDNN autotuning (the ResNet check turned it on): it would spend seconds tuning this small net.
+        stack.enter_context(torch.backends.cudnn.flags(enabled=True, benchmark=False))
         work, collective = _ddp_step(dist_env)
     else:
         work, collective = stragglers.gemm_work(dist_env.device), _collective(phase, dist_env.device)

@@ -27,8 +27,9 @@ KEY_FIELDS = ("gpu", "ranks_per_node", "nodes", "link")
 
 
 def is_bar(name: str) -> bool:
-    """A pass bar the run derived (from NVML or a flag), not a measurement of the machine."""
-    return name == "threshold" or name.endswith("_bar")
+    """A pass bar the run derived (from NVML or a flag), or the job's median it holds each GPU or rank to: not a
+    measurement of one machine (the GPUs' own figures are compared; a median would blame every rank for one)."""
+    return name in ("threshold", "median") or name.endswith("_bar") or name.startswith("median_")
 
 
 def comparable(name: str, figure: dict[str, Any]) -> bool:
