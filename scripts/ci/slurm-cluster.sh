@@ -66,7 +66,8 @@ fi
 all_up() {
     # Every node's slurmd answers: idle, mixed or allocated, or drained on purpose by someone (not by Slurm).
     local states
-    states="$(timeout 10 sinfo --Node --noheader --nodes='n[1-3]' --format='%N %t' 2>/dev/null)" || return 1
+    # sort -u: sinfo --Node prints a node once per partition it is in (n1, n2 are in debug and trio).
+    states="$(timeout 10 sinfo --Node --noheader --nodes='n[1-3]' --format='%N %t' 2>/dev/null | sort -u)" || return 1
     [ "$(grep -cE '^n[123] (idle|mix|alloc|drain|drng|drained)$' <<<"$states")" = "${#NODES[@]}" ] && [ -z "$(lost)" ]
 }
 
