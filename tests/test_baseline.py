@@ -3,12 +3,10 @@
 a figure to a baseline far out of reach and the passing case uses a generous tolerance."""
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
-from test_validate_cpu import EXIT_FAILED, EXIT_OK, checks, validate
+from test_validate_cpu import EXIT_FAILED, EXIT_OK, checks, stackproof, validate
 
 from stackproof.errors import Exit
 
@@ -16,11 +14,6 @@ from stackproof.errors import Exit
 FIGURES = ["--sweep-max", "256K", "-k", "busbw or barrier or baseline"]
 BASELINE_CHECK = "baseline::figures_hold_their_baseline"
 SWEEP = "bandwidth::all_reduce_busbw"
-
-
-def stackproof(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "stackproof", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")

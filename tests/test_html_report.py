@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_validate_cpu import EXIT_FAILED, EXIT_OK, validate
+from test_validate_cpu import EXIT_FAILED, EXIT_OK, stackproof, validate
 
 from stackproof.errors import Exit
 from stackproof.images.matrix import REPO_ROOT
@@ -20,11 +20,6 @@ EAGER, GRAPH = FIXTURES / "all_reduce_perf-2xH200.txt", FIXTURES / "all_reduce_p
 QUICK = ["--expect-gpus", "0", "--sweep-max", "256K", "--max-check-bytes", "64K"]
 CHROMIUM_TIMEOUT_S = 120
 FAILING_CHECK = "collectives::all_reduce[sum-float32]"
-
-
-def stackproof(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "stackproof", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,12 @@ def validate(tmp_path, *args, env_extra=None):
     return proc, report
 
 
+def stackproof(*args, timeout=120):
+    """Any stackproof command, its output captured."""
+    return subprocess.run([sys.executable, "-m", "stackproof", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def checks(report, outcome):
     return {c["name"]: c for c in report["checks"] if c["outcome"] == outcome}
 

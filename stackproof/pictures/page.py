@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import datetime
 import html
-import json
 from pathlib import Path
 from typing import Any
 
 from stackproof import __version__
-from stackproof.errors import ConfigError, Exit
+from stackproof.errors import Exit
 from stackproof.pictures import nccl_tests
 from stackproof.suite import baseline
-from stackproof.suite.report import REPORT_FILE, SCHEMA
+from stackproof.suite.report import read_report
 
 VERDICT_ORDER = ("OK", "INTERRUPTED", "FAILED")
 STYLE = """
@@ -40,15 +39,7 @@ def _e(value: Any) -> str:
 
 def load(path: Path) -> tuple[str, dict[str, Any]]:
     """(the label of the run, its report.json); another schema is refused, exit 2."""
-    file = path / REPORT_FILE if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{file}: expected a stackproof report.json, found {type(err).__name__}: {err}") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ConfigError(f"{file}: field 'schema': expected {SCHEMA!r}, found {found!r}; fix: give report.json "
-                          "files written by `stackproof validate`")
+    data = read_report(path)
     nodes = ",".join(n.get("node", "?") for n in data.get("nodes", [])) or "?"
     return f"{nodes} {data.get('started', '')[:19]}", data
 

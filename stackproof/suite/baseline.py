@@ -16,8 +16,8 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import ConfigError
+from stackproof.suite import report as report_module
 from stackproof.suite.report import REPORT_FILE
-from stackproof.suite.report import SCHEMA as REPORT_SCHEMA
 
 SCHEMA = "stackproof.baseline/1"
 # Which way is better, by unit: the one place that says it.
@@ -98,15 +98,8 @@ def matches(entry_key: dict[str, Any], key: dict[str, Any]) -> bool:
 
 def read_report(path: Path) -> dict[str, Any]:
     """A known-good report.json (or the reports folder holding one); anything else is refused, exit 2."""
+    report = report_module.read_report(path)
     path = path / REPORT_FILE if path.is_dir() else path
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{path}: expected a stackproof report.json, found {type(err).__name__}: {err}") from None
-    if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA:
-        found = report.get("schema") if isinstance(report, dict) else type(report).__name__
-        raise ConfigError(f"{path}: field 'schema': expected {REPORT_SCHEMA!r}, found {found!r}; fix: give report.json "
-                          "files written by `stackproof validate` of this schema")
     if report.get("verdict") != "OK" or report.get("exit_code") != 0 or not report.get("complete"):
         raise ConfigError(f"{path}: field 'verdict': expected OK (a complete run where every check passed), found "
                           f"{report.get('verdict')!r} (exit code {report.get('exit_code')}: {report.get('message')}); "

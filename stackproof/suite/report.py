@@ -20,10 +20,24 @@ from pathlib import Path
 from typing import Any
 
 from stackproof import __version__
-from stackproof.errors import Exit
+from stackproof.errors import ConfigError, Exit
 
 SCHEMA = "stackproof.report/1"
 REPORT_FILE, JUNIT_FILE, PROMETHEUS_FILE = "report.json", "junit.xml", "stackproof.prom"
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """A finished run's report.json (or the reports folder holding one), of this schema; anything else: exit 2."""
+    path = path / REPORT_FILE if path.is_dir() else path
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path}: expected a stackproof report.json, found {type(err).__name__}: {err}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"{path}: field 'schema': expected {SCHEMA!r}, found {found!r}; fix: give report.json "
+                          "files written by `stackproof validate` of this schema")
+    return data
 CATEGORIES = ("gpu-hardware", "interconnect", "software-pins", "configuration", "performance")
 SEVERITIES = ("isolate", "reset", "triage")
 
