@@ -108,7 +108,7 @@ def test_a_fault_on_n2_drains_n2_only_and_resume_brings_it_back(tmp_path, draine
     ("bad input", (*ALLREDUCE, "--expect-gpus", "-1"), 2),
     # The tool's own limit: a rank that hangs makes the run incomplete (exit 4), which proves nothing about n2.
     ("tool timeout", ("--expect-gpus", "0", "--tier", "full", "-k", "barrier", "--inject-fault", "hang",
-                      "--timeout", "5", "--run-timeout", "30"), 4),
+                      "--timeout", "5", "--check-timeout", "4", "--run-timeout", "30"), 4),
 ])
 def test_outcomes_other_than_a_failed_check_drain_nothing(tmp_path, drained_by_us, case, args, code):
     proc, reports = _healthcheck(tmp_path, "n2", *args)

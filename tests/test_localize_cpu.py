@@ -50,7 +50,8 @@ def test_local_pairs_are_in_the_fast_tier_and_pass_clean(tmp_path):
 
 def test_a_rank_that_never_answers_its_pair_is_named_not_waited_for(tmp_path):
     proc, report = validate(tmp_path, "--nproc", "3", "-k", "local_pairs", "--inject-fault", "hang",
-                            "--fault-rank", "1", "--timeout", "10")
+                            "--fault-rank", "1", "--timeout", "10",
+                            "--check-timeout", "4")  # the watchdog answers first: a rank stuck in its own code
     assert proc.returncode == 4, proc.stdout[-4000:]
     assert "rank(s) [1] stalled outside any collective (rank 1 at faults.py:" in report["message"], report["message"]
     assert report["checks"][0]["name"] == "pairwise::local_pairs" and report["checks"][0]["failed_ranks"] == [1]

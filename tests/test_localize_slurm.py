@@ -172,18 +172,3 @@ def test_slow_link_names_the_link_not_a_node(trio, tmp_path):
     assert [(r["a"], r["b"], r["slow"]) for r in report["tables"]["pairwise_nodes"] if r["pass"] == "retest"] == [
         ("n2", "n3", True)]
     assert _nodes(report)["n1"]["verdict"] == "PASS"
-
-
-@pytest.mark.slurm
-def test_pairwise_wall_time_on_eight_ranks(trio, tmp_path):
-    """8 CPU ranks on 2 nodes (4 each): 3 local rounds per node at once, 1 node round; the time goes to the log."""
-    started = time.monotonic()
-    fields, report, output = _run(tmp_path, "-k", "pairwise", *LOCALIZE[2:], nodes=2, tasks_per_node=4,
-                                  partition="debug")
-    assert fields["ExitCode"] == "0:0", output[-6000:]
-    checks = _checks(report)
-    assert len(report["tables"]["pairwise_local"]) == 12  # 6 pairs on each of 2 nodes
-    local, nodes = checks["pairwise::local_pairs"]["duration_s"], checks["pairwise::node_pairs"]["duration_s"]
-    print(f"pairwise on 2 nodes x 4 ranks: local {local:.2f} s, nodes {nodes:.2f} s, "
-          f"job {time.monotonic() - started:.1f} s")
-    assert checks["pairwise::node_pairs"]["outcome"] == "passed"  # 2 nodes, no --min-pair-gbps: no bar, no fail

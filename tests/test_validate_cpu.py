@@ -192,12 +192,12 @@ def test_a_dead_rank_ends_the_run_naming_it(tmp_path):
 
 def test_the_watchdog_locates_a_rank_stalled_outside_any_collective(tmp_path):
     """Rank 0 itself stalls: nobody can time out waiting for it in a sync it hosts, so the per-check watchdog
-    (--timeout + 10 s) must answer, as it does on GPUs where a NCCL wait may never return to Python."""
+    (--check-timeout) must answer, as it does on GPUs where a NCCL wait may never return to Python."""
     proc, report = validate(tmp_path, "--inject-fault", "hang", "--fault-rank", "0", "--timeout", "10",
-                            "-k", "barrier")
+                            "--check-timeout", "8", "-k", "barrier")
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
     meaning = report["message"]
-    assert "did not finish within 20 s: rank(s) [0] stalled outside any collective (rank 0 at faults.py:" in meaning
+    assert "did not finish within 8 s: rank(s) [0] stalled outside any collective (rank 0 at faults.py:" in meaning
     assert "rank(s) [1] were waiting for them in a collective" in meaning
     assert "# Verdict: FAILED (exit code 4" in proc.stdout
 
@@ -211,7 +211,7 @@ def test_cpu_runs_check_all_reduce_at_16_mib_by_default(tmp_path):
 def test_resnet_memory_per_rank_does_not_grow_with_the_world(tmp_path):
     """The synthetic data is made per sample on demand: a rank holds its batch, whatever the world size."""
     seen = {}
-    for nproc in (2, 8):
+    for nproc in (2, 4):
         proc, report = validate(tmp_path / str(nproc), "--nproc", str(nproc), "--train-batch", "32",
                                 "--train-steps", "2", "--bench-steps", "1", "-k", "ddp and loss")
         assert proc.returncode == EXIT_OK, proc.stdout[-3000:]
@@ -219,6 +219,6 @@ def test_resnet_memory_per_rank_does_not_grow_with_the_world(tmp_path):
         figures = [check["figures"], *check["rank_figures"].values()]
         seen[nproc] = {"input": {f["input_bytes"]["value"] for f in figures},
                        "rss": max(f["peak_rss"]["value"] for f in figures)}
-    assert seen[2]["input"] == seen[8]["input"] == {32 * 3 * 64 * 64 * 4 + 32 * 8}
-    print(f"peak RSS per rank (MiB): 2 ranks {seen[2]['rss']}, 8 ranks {seen[8]['rss']}")
-    assert seen[8]["rss"] <= seen[2]["rss"] * 1.05, seen
+    assert seen[2]["input"] == seen[4]["input"] == {32 * 3 * 64 * 64 * 4 + 32 * 8}
+    print(f"peak RSS per rank (MiB): 2 ranks {seen[2]['rss']}, 4 ranks {seen[4]['rss']}")
+    assert seen[4]["rss"] <= seen[2]["rss"] * 1.05, seen
