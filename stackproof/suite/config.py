@@ -20,6 +20,7 @@ REPORTS_ENV = "STACKPROOF_REPORTS"
 # A check may run this much longer than --timeout before the watchdog names the rank holding it up: the
 # collective's own timeout and the cross-rank sync get the first chance to say it.
 WATCHDOG_GRACE_S = 10.0
+STRAGGLER_TOLERANCE_GPU = 0.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +99,11 @@ class ValidateConfig(Settings):
     pair_tolerance: float = option(0.25, "a pair slower than the job's reference (the median over nodes, or GPUs, of "
                                          "each one's best pair) by more than this fraction is slow", metavar="F",
                                    check=fraction)
-    straggler_tolerance: float = option(0.10, "a rank whose own work before a collective (or DDP step) takes this "
-                                              "fraction longer than the job's median is a straggler", metavar="F",
-                                        check=positive)
+    straggler_tolerance: float | None = option(
+        None, f"a rank whose own work before a collective (or DDP step) takes this fraction longer than the job's "
+              f"median is a straggler (default {STRAGGLER_TOLERANCE_GPU:g} on GPUs; CPU ranks share the host's "
+              f"cores, so there the timings are reported and judged only when this is given)", metavar="F",
+        check=positive)
     inject_fault: str | None = option(None, "break something on purpose on --fault-rank, to prove the suite "
                                             "fails when it should; slow-node: every rank on the fault rank's node "
                                             "holds back each send and its timed work (10x slower); slow-link: only "
