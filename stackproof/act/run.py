@@ -14,6 +14,7 @@ from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.identity import NODE_NAME_ENV
+from stackproof.tools import run_tool
 
 SCHEDULERS = {"slurm": slurm, "kubernetes": kubernetes}  # "none": decide and say, act on nothing
 
@@ -29,7 +30,8 @@ def act(decision: decide.Decision, settings: ActConfig, out: IO[str]) -> None:
             say(f"{action.node}: {action.reason}")
         for argv in scheduler.commands(action) if scheduler else []:
             say(f"run: {shlex.join(argv)}")
-            tool.run(argv, timeout_s=settings.act_timeout, fix=scheduler.FIX)
+            run_tool(f"act on {action.node}", argv, timeout_s=settings.act_timeout, error=tool.ActError,
+                     fix=f"{scheduler.FIX} (or raise --act-timeout)")
 
 
 def act_on_reports(reports_dir, settings: ActConfig, out: IO[str]) -> int:

@@ -27,6 +27,7 @@ from stackproof.errors import ConfigError, StackproofError
 from stackproof.images import bake, sbom
 from stackproof.images.locks import VALIDATION_LOCK, lock_digest
 from stackproof.images.matrix import NAMESPACE, Image, Matrix, load_matrix
+from stackproof.tools import run_tool
 
 PUSH_TIMEOUT_S = 3600
 TOOL_TIMEOUT_S = 300
@@ -88,18 +89,9 @@ def plan(image: Image, registry: str, revision: str, namespace: str = NAMESPACE)
 
 
 def _run(step: str, cmd: list[str], fix: str, timeout: float = TOOL_TIMEOUT_S, **kwargs) -> str:
-    """Run a tool; a failure or a timeout names the step, the command's own message and the fix."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
-    except FileNotFoundError:
-        raise ShipError(f"{step}: {cmd[0]} not found; fix: scripts/ci/registry.sh installs docker-registry, "
-                        "skopeo and cosign (apt-get install skopeo cosign)") from None
-    except subprocess.TimeoutExpired:
-        raise ShipError(f"{step}: `{' '.join(cmd)}` did not finish within {timeout:.0f} s; fix: {fix}") from None
-    if proc.returncode != 0:
-        said = (proc.stderr.strip() or proc.stdout.strip())[-3000:]
-        raise ShipError(f"{step}: `{' '.join(cmd)}` exited {proc.returncode}:\n{said}\nfix: {fix}")
-    return proc.stdout
+    return run_tool(step, cmd, timeout_s=timeout, fix=fix, error=ShipError, missing_fix=(
+        "scripts/ci/registry.sh installs docker-registry, skopeo and cosign (apt-get install skopeo cosign)"),
+        **kwargs)
 
 
 def _insecure(repository: str) -> bool:
