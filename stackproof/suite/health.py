@@ -11,42 +11,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from stackproof.judge.findings import RESET, RMA, Finding, worst  # noqa: F401 (worst: the checks' import)
 from stackproof.suite import topology
-
-CATEGORIES = ("gpu-hardware", "interconnect", "software-pins", "configuration", "performance")
-SEVERITIES = ("isolate", "reset", "triage")  # most severe first
-
-RESET = "drain the node and reset the GPU (nvidia-smi -r, or reboot); if it comes back after the reset, RMA it"
-RMA = "take the GPU out of service (drain the node) and RMA it, quoting its serial number"
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    gpu_index: int
-    uuid: str
-    check: str
-    expected: str
-    found: str
-    category: str
-    severity: str
-    action: str
-
-    def __post_init__(self) -> None:
-        if self.category not in CATEGORIES or self.severity not in SEVERITIES:
-            raise ValueError(f"category must be one of {CATEGORIES} and severity one of {SEVERITIES}, "
-                             f"got {self.category!r}, {self.severity!r}")
-
-    def __str__(self) -> str:
-        return (f"GPU {self.gpu_index} {self.uuid}: {self.check}: expected {self.expected}, found {self.found} "
-                f"[{self.category}, {self.severity}]; fix: {self.action}")
-
-
-def worst(findings: list[Finding]) -> tuple[str, str] | None:
-    """(category, severity) of the most severe finding; None when there is none."""
-    if not findings:
-        return None
-    first = min(findings, key=lambda f: SEVERITIES.index(f.severity))
-    return first.category, first.severity
 
 
 @dataclasses.dataclass

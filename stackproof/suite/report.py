@@ -21,6 +21,7 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import ConfigError, Exit
+from stackproof.judge.findings import CATEGORIES, SEVERITIES  # noqa: F401 (the plugin's import)
 
 SCHEMA = "stackproof.report/1"
 REPORT_FILE, JUNIT_FILE, PROMETHEUS_FILE = "report.json", "junit.xml", "stackproof.prom"
@@ -38,8 +39,6 @@ def read_report(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: field 'schema': expected {SCHEMA!r}, found {found!r}; fix: give report.json "
                           "files written by `stackproof validate` of this schema")
     return data
-CATEGORIES = ("gpu-hardware", "interconnect", "software-pins", "configuration", "performance")
-SEVERITIES = ("isolate", "reset", "triage")
 
 
 @dataclasses.dataclass

@@ -41,6 +41,15 @@ class Gpu:
     memory_bus_width_bits: int | None = None
     max_memory_clock_mhz: int | None = None
     max_sm_clock_mhz: int | None = None
+    # What the board is and how it is set up (a node spec compares these; None: NVML does not report it).
+    vbios_version: str | None = None
+    ecc_enabled: bool | None = None  # current ECC mode
+    persistence_mode: bool | None = None
+    mig_enabled: bool | None = None  # current MIG mode
+    power_limit_w: float | None = None  # the enforced power limit
+    # What the GPU itself supports, whatever the slot or its links do now: the expectation, not the state.
+    nvlink_supported: int | None = None  # NVLinks the GPU has (up or not)
+    pcie_gen_gpu_max: int | None = None  # the GPU's own max PCIe generation (pcie_gen is the system's)
     # NVML calls that failed with anything but NotSupported: {what was asked: "NVML error <text>"}. Each one is
     # a finding, never a silent pass (the field it was for stays None).
     nvml_errors: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -167,6 +176,16 @@ def read_gpu(nvml, index: int) -> Gpu:
     found.memory_bus_width_bits = ask("memory bus width", nvml.nvmlDeviceGetMemoryBusWidth)
     found.max_memory_clock_mhz = ask("max memory clock", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_MEM)
     found.max_sm_clock_mhz = ask("max SM clock", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM)
+    found.vbios_version = _text(ask("VBIOS version", nvml.nvmlDeviceGetVbiosVersion))
+    ecc = ask("ECC mode", nvml.nvmlDeviceGetEccMode)  # (current, pending)
+    found.ecc_enabled = None if ecc is None else bool(ecc[0])
+    persistence = ask("persistence mode", nvml.nvmlDeviceGetPersistenceMode)
+    found.persistence_mode = None if persistence is None else bool(persistence)
+    mig = ask("MIG mode", nvml.nvmlDeviceGetMigMode)  # (current, pending)
+    found.mig_enabled = None if mig is None else bool(mig[0])
+    power = ask("enforced power limit", nvml.nvmlDeviceGetEnforcedPowerLimit)  # mW
+    found.power_limit_w = None if power is None else power / 1000
+    found.pcie_gen_gpu_max = ask("GPU max PCIe generation", nvml.nvmlDeviceGetGpuMaxPcieLinkGeneration)
     return found
 
 
