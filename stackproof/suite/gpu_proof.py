@@ -1,10 +1,9 @@
-"""Per-GPU proof: bars derived from NVML values (never a table of SKUs), the silent-data-corruption GEMM
-digest, measurements on one device timed with CUDA events, and the cross-rank decisions (the odd one out,
-the one below the median) that rank 0 takes on every rank's value."""
+"""Per-GPU proof: the silent-data-corruption GEMM digest, measurements on one device timed with CUDA events, and
+the cross-rank decisions (the odd one out, the one below the median) that rank 0 takes on every rank's value.
+The bars these figures are held to are stackproof/judge/bars.py's."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import statistics
@@ -12,67 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from stackproof.suite import consensus, topology
-
-# Dense tensor-core FLOP per clock per SM for bf16 inputs (fp32 accumulate), by compute capability, from NVIDIA's
-# architecture whitepapers: A100 312 TFLOP/s = 108 SMs x 1410 MHz x 2048; H100 SXM 989.4 TFLOP/s = 132 SMs x
-# 1830 MHz x 4096; L40S 362 TFLOP/s = 142 SMs x 2520 MHz x 1024 (sm_86 likewise, at fp32 accumulate on the
-# professional parts). An architecture not listed gets no derived bar (only the median check across the job).
-DENSE_BF16_FLOP_PER_CLOCK_PER_SM = {(8, 0): 2048, (8, 6): 1024, (8, 9): 1024, (9, 0): 4096}
-
-
-# --- Peaks derived from what NVML and the CUDA runtime report --------------------------------------------------
-
-def hbm_peak_bytes_per_s(bus_width_bits: int, mem_clock_mhz: int) -> float:
-    """Peak device-memory bandwidth: bus width in bytes x max memory clock x 2 (double data rate).
-    H200: 6016 bit / 8 x 3201 MHz x 2 = 4.81 TB/s (a device copy reaches about 4.25 TB/s counting read + write)."""
-    return bus_width_bits / 8 * mem_clock_mhz * 1e6 * 2
-
-
-def pcie_peak_bytes_per_s(gen: int, width: int) -> float:
-    """Peak one-way PCIe bandwidth: Gen5 x16 = 63.0 GB/s (pinned copies reach about 55 GB/s each way)."""
-    return topology.pcie_peak_gbps(gen, width) * topology.GB
-
-
-def gemm_peak_flops(sm_count: int, sm_clock_mhz: int, compute_capability: tuple[int, int]) -> float | None:
-    """Peak dense bf16 tensor-core FLOP/s: SMs x max SM clock x FLOP/clock/SM of the architecture; None for an
-    architecture without a known rate. H200: 132 x 1980 MHz x 4096 = 1070 TFLOP/s (8192^3 reaches 789-799)."""
-    per_sm = DENSE_BF16_FLOP_PER_CLOCK_PER_SM.get(tuple(compute_capability))
-    return None if per_sm is None else sm_count * sm_clock_mhz * 1e6 * per_sm
-
-
-@dataclasses.dataclass(frozen=True)
-class Bar:
-    value: float | None  # None: no bar could be derived (source says why)
-    source: str
-
-
-def hbm_bar(gpu: topology.Gpu, fraction: float) -> Bar:
-    if not gpu.memory_bus_width_bits or not gpu.max_memory_clock_mhz:
-        return Bar(None, "not derived: NVML reports no memory bus width or max memory clock")
-    peak = hbm_peak_bytes_per_s(gpu.memory_bus_width_bits, gpu.max_memory_clock_mhz)
-    return Bar(fraction * peak, f"{fraction:g} x {peak / 1e12:.2f} TB/s peak ({gpu.memory_bus_width_bits} bit x "
-                                f"{gpu.max_memory_clock_mhz} MHz x 2)")
-
-
-def pcie_bar(gpu: topology.Gpu, fraction: float) -> Bar:
-    peak = pcie_peak_bytes_per_s(gpu.pcie_gen, gpu.pcie_width)
-    if not peak:
-        return Bar(None, "not derived: NVML reports no PCIe generation or width")
-    return Bar(fraction * peak, f"{fraction:g} x {peak / 1e9:.1f} GB/s peak (PCIe gen{gpu.pcie_gen} x{gpu.pcie_width})")
-
-
-def gemm_bar(sm_count: int, sm_clock_mhz: int | None, compute_capability: tuple[int, int], fraction: float) -> Bar:
-    major, minor = compute_capability
-    if not sm_clock_mhz:
-        return Bar(None, "not derived: NVML reports no max SM clock")
-    peak = gemm_peak_flops(sm_count, sm_clock_mhz, compute_capability)
-    if peak is None:
-        return Bar(None, f"not derived: no dense bf16 FLOP/clock/SM known for sm_{major}{minor}")
-    per_sm = DENSE_BF16_FLOP_PER_CLOCK_PER_SM[(major, minor)]
-    return Bar(fraction * peak, f"{fraction:g} x {peak / 1e12:.0f} TFLOP/s peak ({sm_count} SMs x {sm_clock_mhz} MHz x "
-                                f"{per_sm} FLOP/clock/SM, sm_{major}{minor})")
-
+from stackproof.suite import consensus
 
 # --- Silent data corruption --------------------------------------------------------------------------------------
 

@@ -1,18 +1,25 @@
-"""One GPU's health history from NVML (nvidia-ml-py), as findings a fleet tool can act on.
-
-Each finding names the GPU (index + UUID), what was expected, what was found, a category and a severity as
-NVIDIA DCGM uses them (isolate: take the GPU out of service; reset: a GPU reset / reboot clears it; triage:
-someone must look), and the action. NVML answering NotSupported means the GPU lacks the feature (an H200
-remaps rows instead of retiring pages) and is no finding; any other NVML error is one ("n/a: NVML error X").
-"""
+"""One GPU's health as NVML and the kernel log record it: the reading (judge.health.HealthReading), handed to
+stackproof/judge/health.py for judgement. Nothing here decides; every NVML error is kept in the reading to be
+judged (never a silent pass, never a traceback)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import stat
+import subprocess
 import time
 
-from stackproof.judge.findings import RESET, RMA, Finding, worst  # noqa: F401 (worst: the checks' import)
+from stackproof.judge import health as rules
+from stackproof.judge.bars import pcie_expected
+from stackproof.judge.findings import Finding, worst  # noqa: F401 (worst: the checks' import)
 from stackproof.suite import topology
+
+KERNEL_LOG = "/dev/kmsg"
+JOURNALCTL_TIMEOUT_S = 5.0
+KMSG_MAX_RECORDS = 100_000  # the ring buffer holds far fewer; a bound so a read never spins
+NVML_EVENTS_MAX = 64  # events drained per poll
 
 
 @dataclasses.dataclass
@@ -21,127 +28,150 @@ class Checkup:
     readings: dict[str, object]  # what NVML answered, for the report ("n/a" where not applicable)
 
 
-def _nvml_error_finding(nvml, gpu: topology.Gpu, what: str, error: str) -> Finding:
-    """An NVML call that failed: its error says how bad it is."""
-    by_error = {
-        f"NVML error {nvml.NVMLError(code)}": how for code, how in (
-            (nvml.NVML_ERROR_GPU_IS_LOST, ("gpu-hardware", "isolate", "the GPU fell off the bus: " + RMA)),
-            (nvml.NVML_ERROR_CORRUPTED_INFOROM, ("gpu-hardware", "isolate", "corrupted infoROM: " + RMA)),
-            (nvml.NVML_ERROR_RESET_REQUIRED, ("gpu-hardware", "reset", RESET)))}
-    category, severity, action = by_error.get(error, (
-        "configuration", "triage", "give the container NVML access (NVIDIA_DRIVER_CAPABILITIES including utility) "
-        "and check the driver (nvidia-smi -q): an NVML that cannot answer hides the GPU's health"))
-    return Finding(gpu.index, gpu.uuid, what, "an answer from NVML", f"n/a: {error}", category, severity, action)
+def read_kernel_log(source: str = KERNEL_LOG) -> tuple[list[str], str]:
+    """(lines, where they came from or why none). /dev/kmsg is read without blocking (each read returns one
+    record); a regular file (a saved log, a test's fixture) is read whole; where /dev/kmsg is not readable (a
+    container without CAP_SYSLOG), `journalctl -k` is asked, with a timeout."""
+    try:
+        if stat.S_ISCHR(os.stat(source).st_mode):
+            return _read_kmsg(source), source
+        with open(source, errors="replace") as log:
+            return log.read().splitlines(), source
+    except OSError as err:
+        why = f"{source}: {err.strerror}"
+    try:
+        done = subprocess.run(["journalctl", "-k", "-b", "--no-pager", "-q", "-g", "NVRM: Xid"], capture_output=True,
+                              text=True, timeout=JOURNALCTL_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return [], f"not readable ({why}; journalctl -k: {err})"
+    if done.returncode not in (0, 1):  # 1: nothing matched
+        return [], f"not readable ({why}; journalctl -k: {done.stderr.strip()[:200]})"
+    return done.stdout.splitlines(), "journalctl -k"
 
 
-def clock_trouble(nvml, reasons: int | None) -> list[tuple[str, str]]:
-    """(name, action) of each clock-event reason set in `reasons` that means the GPU is held back by heat or
-    power, not by choice (idle, application clocks, a software power cap someone set)."""
-    cooling = "check cooling (fans, airflow, inlet temperature)"
-    trouble = {
-        nvml.nvmlClocksEventReasonHwSlowdown: ("HW slowdown", "the board asserts slowdown (heat or power): "
-                                               "check cooling and the power supplies"),
-        nvml.nvmlClocksEventReasonHwThermalSlowdown: ("HW thermal slowdown", cooling),
-        nvml.nvmlClocksEventReasonHwPowerBrakeSlowdown: ("HW power brake", "the system asserted the power brake: "
-                                                         "check the power supplies and the chassis"),
-        nvml.nvmlClocksEventReasonSwThermalSlowdown: ("SW thermal slowdown", cooling),
-    }
-    return [how for bit, how in trouble.items() if reasons is not None and reasons & bit]
+def _read_kmsg(source: str) -> list[str]:
+    lines = []
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        for _ in range(KMSG_MAX_RECORDS):
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:  # the end of the buffer
+                break
+            except OSError:  # EPIPE: a record was overwritten while reading; go on with the next
+                continue
+            if not record:
+                break
+            lines.append(record.decode(errors="replace").split(";", 1)[-1].rstrip("\n"))
+    finally:
+        os.close(fd)
+    return lines
 
 
-def examine(nvml, handle, gpu: topology.Gpu) -> Checkup:
-    """Every health record NVML keeps for this GPU. `gpu` is what topology.read_gpu found for the same handle:
-    its NVML errors are findings too."""
-    errors: dict[str, str] = {}
-    findings: list[Finding] = []
-    readings: dict[str, object] = {"serial": gpu.serial or "n/a", "pci_bus_id": gpu.pci_bus_id or "n/a"}
+def _process_name(nvml, pid: int) -> str:
+    try:
+        return topology._text(nvml.nvmlSystemGetProcessName(pid)) or "n/a"
+    except nvml.NVMLError:
+        pass
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return "n/a"
+
+
+def read_processes(nvml, handle, errors: dict[str, str]) -> list[rules.Process]:
+    """Every compute and graphics process on the GPU, with the memory it holds."""
+    found: dict[int, rules.Process] = {}
+    for what, call in (("compute processes", nvml.nvmlDeviceGetComputeRunningProcesses),
+                       ("graphics processes", nvml.nvmlDeviceGetGraphicsRunningProcesses)):
+        for proc in topology.optional(nvml, errors, what, call, handle) or []:
+            found.setdefault(proc.pid, rules.Process(proc.pid, _process_name(nvml, proc.pid), proc.usedGpuMemory))
+    return list(found.values())
+
+
+def read(nvml, handle, gpu: topology.Gpu, kernel_log: str = KERNEL_LOG) -> rules.HealthReading:
+    """Every health record NVML keeps for this GPU, and the kernel log's XIDs for its PCI address. `gpu` is what
+    topology.read_gpu found for the same handle: its NVML errors are the reading's too."""
+    reading = rules.HealthReading()
+    errors = reading.nvml_errors
 
     def ask(what, call, *args):
         return topology.optional(nvml, errors, what, call, handle, *args)
 
-    def finding(check, expected, found, category, severity, action):
-        findings.append(Finding(gpu.index, gpu.uuid, check, expected, found, category, severity, action))
-
-    remapped = ask("remapped rows", nvml.nvmlDeviceGetRemappedRows)  # (corrected, uncorrected, pending, failure)
-    readings["remapped_rows"] = "n/a" if remapped is None else (
-        f"{remapped[0]} corrected, {remapped[1]} uncorrected, pending={bool(remapped[2])}, failed={bool(remapped[3])}")
-    if remapped and remapped[3]:
-        finding("row remapping", "no failed remap", "a row remap failed (no spare rows left)", "gpu-hardware",
-                "isolate", RMA)
-    elif remapped and remapped[2]:
-        finding("row remapping", "no remap pending", "a row remap is pending until the next GPU reset",
-                "gpu-hardware", "reset", RESET)
-
-    pages_pending = ask("retired pages pending", nvml.nvmlDeviceGetRetiredPagesPendingStatus)
-    readings["retired_pages_pending"] = "n/a" if pages_pending is None else bool(pages_pending)
-    if pages_pending:
-        finding("page retirement", "no page retirement pending", "pages retired, pending a GPU reset",
-                "gpu-hardware", "reset", RESET)
-
-    ecc = ask("volatile uncorrected ECC", nvml.nvmlDeviceGetTotalEccErrors, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-              nvml.NVML_VOLATILE_ECC)
-    readings["ecc_uncorrected_volatile"] = "n/a" if ecc is None else ecc
-    if ecc:
-        finding("uncorrected ECC", "0 uncorrected ECC errors since the driver loaded", f"{ecc}", "gpu-hardware",
-                "reset", RESET)
-
-    reasons = ask("clock-event reasons", nvml.nvmlDeviceGetCurrentClocksEventReasons)
-    readings["clock_event_reasons"] = "n/a" if reasons is None else hex(reasons)
-    for name, action in clock_trouble(nvml, reasons):
-        finding("clock-event reasons", f"no {name}", f"{name} active (reasons {hex(reasons)})", "gpu-hardware",
-                "triage", action)
-
-    # The link's width is compared at rest: it does not narrow to save power. Its generation does (an idle
-    # GPU reads gen 1), so the generation is compared under load only (pcie_under_load, during the copies).
-    readings["pcie"] = f"gen{gpu.pcie_gen_current} x{gpu.pcie_width_current} (max gen{gpu.pcie_gen} x{gpu.pcie_width})"
-    if gpu.pcie_width_current is not None and gpu.pcie_width and gpu.pcie_width_current < gpu.pcie_width:
-        finding("PCIe link width", f"x{gpu.pcie_width}", f"x{gpu.pcie_width_current} (downtrained)", "interconnect",
-                "triage", "reseat the GPU / riser and check the slot (lspci -vv: LnkSta vs LnkCap)")
-
-    # CRC flit/data errors are corrected by the link's own retry: a healthy H200 here counted thousands of CRC
-    # data errors, climbing with traffic, while replay and recovery stayed 0. DCGM judges CRC by its rate, which
-    # one reading cannot give; so CRC counts are reported, and replays and recoveries (the link failing its
-    # retry, or retraining) fail.
+    rows = ask("remapped rows", nvml.nvmlDeviceGetRemappedRows)
+    reading.remapped_rows = None if rows is None else tuple(rows)
+    pending = ask("retired pages pending", nvml.nvmlDeviceGetRetiredPagesPendingStatus)
+    reading.retired_pages_pending = None if pending is None else bool(pending)
+    reading.ecc_uncorrected_volatile = ask("volatile uncorrected ECC", nvml.nvmlDeviceGetTotalEccErrors,
+                                           nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
+    reading.clock_event_reasons = ask("clock-event reasons", nvml.nvmlDeviceGetCurrentClocksEventReasons)
     counters = {"CRC flit": nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, "CRC data": nvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
                 "replay": nvml.NVML_NVLINK_ERROR_DL_REPLAY, "recovery": nvml.NVML_NVLINK_ERROR_DL_RECOVERY}
-    failing = ("replay", "recovery")
-    links = topology.nvlinks_up(nvml, handle, errors)
-    totals = {}
-    for name, counter in counters.items():
-        per_link = {link: ask(f"NVLink {link} {name} errors", nvml.nvmlDeviceGetNvLinkErrorCounter, link, counter)
-                    for link in links}
-        bad = {link: count for link, count in per_link.items() if count}
-        totals[name] = sum(bad.values())
-        if bad and name in failing:
-            finding(f"NVLink {name} errors", "0 since the counters were last cleared",
-                    ", ".join(f"link {link}: {count}" for link, count in bad.items()), "interconnect", "triage",
-                    "reset the GPU (which clears the counters) and rerun; errors that come back mean a bad NVLink "
-                    "(baseboard / NVSwitch tray): RMA")
-    readings["nvlink_errors"] = ", ".join(f"{name}={total}" for name, total in totals.items()) if links else "n/a"
-
-    temperature = ask("temperature", nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU)
-    slowdown = ask("slowdown temperature", nvml.nvmlDeviceGetTemperatureThreshold,
-                   nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
-    readings["temperature_c"] = "n/a" if temperature is None else temperature
-    readings["slowdown_c"] = "n/a" if slowdown is None else slowdown
-    if temperature is not None and slowdown and temperature >= slowdown:
-        finding("temperature", f"below the slowdown threshold {slowdown} C", f"{temperature} C", "gpu-hardware",
-                "triage", "check cooling (fans, airflow, inlet temperature)")
-
-    for what, error in {**gpu.nvml_errors, **errors}.items():
-        findings.append(_nvml_error_finding(nvml, gpu, what, error))
-    return Checkup(findings, readings)
+    for link in topology.nvlinks_up(nvml, handle, errors):
+        reading.nvlink_errors[link] = {name: ask(f"NVLink {link} {name} errors", nvml.nvmlDeviceGetNvLinkErrorCounter,
+                                                 link, counter) for name, counter in counters.items()}
+    reading.temperature_c = ask("temperature", nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU)
+    reading.slowdown_c = ask("slowdown temperature", nvml.nvmlDeviceGetTemperatureThreshold,
+                             nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+    reading.processes = read_processes(nvml, handle, errors)
+    memory = ask("memory info", nvml.nvmlDeviceGetMemoryInfo)
+    if memory is not None:
+        reading.memory_used_bytes, reading.memory_total_bytes = memory.used, memory.total
+    lines, reading.kernel_log = read_kernel_log(kernel_log)
+    reading.xids = rules.kernel_xids(lines, gpu.pci_bus_id)
+    for what, error in gpu.nvml_errors.items():
+        errors.setdefault(what, error)
+    return reading
 
 
-def pcie_under_load(gpu: topology.Gpu, gen_now: int | None, width_now: int | None) -> Finding | None:
-    """The PCIe link as read while a copy runs over it: then the generation too must be the max it trains to."""
-    if gen_now is None or width_now is None or not gpu.pcie_gen:
-        return None
-    if gen_now >= gpu.pcie_gen and width_now >= gpu.pcie_width:
-        return None
-    return Finding(gpu.index, gpu.uuid, "PCIe link under load", f"gen{gpu.pcie_gen} x{gpu.pcie_width}",
-                   f"gen{gen_now} x{width_now} while copying (downtrained)", "interconnect", "triage",
-                   "reseat the GPU / riser, check the slot's BIOS link-speed setting (lspci -vv: LnkSta vs LnkCap)")
+def examine(nvml, handle, gpu: topology.Gpu, own_pids: set[int], kernel_log: str = KERNEL_LOG,
+            own_count: int = 1) -> Checkup:
+    """The GPU's health reading, judged."""
+    reading = read(nvml, handle, gpu, kernel_log)
+    pcie = f"gen{gpu.pcie_gen_current} x{gpu.pcie_width_current} (max gen{gpu.pcie_gen} x{gpu.pcie_width})"
+    return Checkup(rules.judge(gpu.index, gpu.uuid, gpu.ecc_enabled, reading, own_pids, own_count),
+                   rules.readings(reading, pcie, gpu.serial, gpu.pci_bus_id))
+
+
+class XidWatch:
+    """NVML's XID events for one GPU while the run goes on: registered when made, drained by `events()` (a
+    short wait, never a hang). A GPU or driver without event support yields a reading that says so."""
+
+    def __init__(self, nvml, handle, wait_ms: int = 10):
+        self.nvml, self.handle, self.wait_ms = nvml, handle, wait_ms
+        self.errors: dict[str, str] = {}
+        self.events_set = None
+        try:
+            self.events_set = nvml.nvmlEventSetCreate()
+            nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self.events_set)
+        except nvml.NVMLError_NotSupported:
+            self.close()
+        except nvml.NVMLError as err:
+            self.errors["XID event registration"] = f"NVML error {err}"
+            self.close()
+
+    def events(self) -> list[rules.Xid]:
+        if self.events_set is None:
+            return []
+        found = []
+        for _ in range(NVML_EVENTS_MAX):
+            try:
+                event = self.nvml.nvmlEventSetWait_v2(self.events_set, self.wait_ms)
+            except self.nvml.NVMLError_Timeout:
+                break
+            except self.nvml.NVMLError as err:
+                self.errors["XID events"] = f"NVML error {err}"
+                break
+            if event.eventType & self.nvml.nvmlEventTypeXidCriticalError:
+                found.append(rules.Xid(int(event.eventData), "NVML event"))
+        return found
+
+    def close(self) -> None:
+        if self.events_set is not None:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlEventSetFree(self.events_set)
+        self.events_set = None
 
 
 def handle_of(nvml, uuid: str):
@@ -161,9 +191,28 @@ def pcie_link_under_load(nvml, handle, errors: dict[str, str], gpu: topology.Gpu
                          pause_s: float = 0.01) -> tuple[int | None, int | None]:
     """The link read while copies run: a link still ramping up from idle gets a few short pauses (the copies
     queued behind this call last about 0.1 s) to reach its max before it counts as downtrained."""
+    gen_max, width_max = pcie_expected(gpu)
     for attempt in range(tries):
         gen, width = pcie_link_now(nvml, handle, errors)
-        if gen is None or width is None or (gen >= gpu.pcie_gen and width >= gpu.pcie_width) or attempt == tries - 1:
+        if gen is None or width is None or (gen >= gen_max and width >= width_max) or attempt == tries - 1:
             return gen, width
         time.sleep(pause_s)
     return None, None
+
+
+def clock_reasons_while_busy(nvml, handle, errors: dict[str, str], busy, pause_s: float = 0.005,
+                             most: int = 2000) -> tuple[int | None, int]:
+    """The clock-event reasons read again and again while `busy()` is true (the GPU still runs the work queued
+    before this call), OR-ed together: a slowdown anywhere in the sustained load shows. (reasons, samples)."""
+    seen, samples = None, 0
+    while samples < most:
+        reasons = topology.optional(nvml, errors, "clock-event reasons under load",
+                                    nvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
+        samples += 1
+        if reasons is None:
+            return seen, samples
+        seen = reasons | (seen or 0)
+        if not busy():
+            break
+        time.sleep(pause_s)
+    return seen, samples

@@ -1,5 +1,5 @@
-"""What the GPUs are and how they are linked, from NVML (nvidia-ml-py), and the bandwidth that topology
-should sustain: the source of the default busbw pass threshold (no hand-written SKU table)."""
+"""What the GPUs are and how they are linked, from NVML (nvidia-ml-py) and the PCI bus (sysfs): the facts the
+bars and expectations of stackproof/judge/ are derived from (no hand-written SKU table)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,15 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
-GB = 1e9
-# PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG specifications).
-PCIE_GTPS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
-PCIE_EFFICIENCY = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}
+from stackproof.judge.bars import GB, nvlink_pair_gbps, pcie_expected, pcie_peak_gbps
 
-
-def pcie_peak_gbps(gen: int, width: int) -> float:
-    """Peak unidirectional bandwidth of a PCIe link, GB/s (0 for an unknown generation).
-    Gen5 x16: 32 GT/s x 16 lanes x 128/130 / 8 = 63.0 GB/s."""
-    if gen not in PCIE_GTPS:
-        return 0.0
-    return PCIE_GTPS[gen] * width * PCIE_EFFICIENCY[gen] / 8
-
-
+# Where the PCI bus lists its functions (sysfs); a container that mounts the host's sysfs elsewhere, or a test,
+# passes another root (validate --pci-devices).
+PCI_DEVICES = "/sys/bus/pci/devices"
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")  # PCI class 03: VGA-compatible (00) and 3D (02) controllers
 @dataclasses.dataclass
 class Gpu:
     index: int
@@ -48,8 +42,10 @@ class Gpu:
     mig_enabled: bool | None = None  # current MIG mode
     power_limit_w: float | None = None  # the enforced power limit
     # What the GPU itself supports, whatever the slot or its links do now: the expectation, not the state.
-    nvlink_supported: int | None = None  # NVLinks the GPU has (up or not)
+    nvlink_supported: int | None = None  # NVLinks the GPU has (up or not); 0: none (a PCIe card)
+    nvlinks_down: list[int] = dataclasses.field(default_factory=list)  # links the GPU has that are not up
     pcie_gen_gpu_max: int | None = None  # the GPU's own max PCIe generation (pcie_gen is the system's)
+    pcie_width_gpu_max: int | None = None  # the GPU's own max width, its LnkCap (pcie_width is the system's)
     # NVML calls that failed with anything but NotSupported: {what was asked: "NVML error <text>"}. Each one is
     # a finding, never a silent pass (the field it was for stays None).
     nvml_errors: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -70,6 +66,8 @@ class Inventory:
     driver_version: str
     cuda_driver_version: str  # the newest CUDA this driver supports, e.g. "13.0"
     gpus: list[Gpu]
+    # GPUs NVML counts but cannot reach (GPU lost, Unknown Error): {NVML index: "NVML error <text>"}.
+    unreachable: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -131,10 +129,11 @@ def _nvlink_speed_mbps(nvml, handle, errors: dict[str, str]) -> int:
     return 0
 
 
-def nvlinks_up(nvml, handle, errors: dict[str, str]) -> list[int]:
-    """The NVLinks that are up, by link number. NVML_NVLINK_MAX_LINKS is the most any GPU has; NVML answers
-    InvalidArgument for a link number past this GPU's own count, which means no such link, not a fault."""
-    up = []
+def nvlink_states(nvml, handle, errors: dict[str, str]) -> dict[int, bool]:
+    """{link number: up} for every NVLink the GPU has. NVML_NVLINK_MAX_LINKS is the most any GPU has; NVML
+    answers InvalidArgument (or NotSupported) for a link number this GPU does not have: no such link, not a
+    fault. A link the GPU has answers its state, up or down."""
+    states = {}
     for link in range(nvml.NVML_NVLINK_MAX_LINKS):
         try:
             state = nvml.nvmlDeviceGetNvLinkState(handle, link)
@@ -142,10 +141,57 @@ def nvlinks_up(nvml, handle, errors: dict[str, str]) -> list[int]:
             continue
         except nvml.NVMLError as err:
             errors[f"NVLink {link} state"] = f"NVML error {err}"
+            states[link] = False
             continue
-        if state == nvml.NVML_FEATURE_ENABLED:
-            up.append(link)
-    return up
+        states[link] = state == nvml.NVML_FEATURE_ENABLED
+    return states
+
+
+def nvlinks_up(nvml, handle, errors: dict[str, str]) -> list[int]:
+    """The NVLinks that are up, by link number."""
+    return [link for link, up in nvlink_states(nvml, handle, errors).items() if up]
+
+
+def sysfs_name(pci_bus_id: str) -> str:
+    """NVML's bus id ("00000000:18:00.0") as sysfs names the function ("0000:18:00.0")."""
+    domain, rest = pci_bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def _sysfs_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def pcie_width_capability(pci_bus_id: str | None, pci_root: str = PCI_DEVICES) -> int | None:
+    """The GPU's own max link width, from its PCIe capability (LnkCap, sysfs max_link_width). NVML's
+    MaxPcieLinkWidth is what the GPU and its slot allow together, so a x16 GPU in a x8 slot would read x8 there
+    and the shortfall would never show; LnkCap is the GPU's. None where sysfs does not show it."""
+    if not pci_bus_id:
+        return None
+    return _sysfs_int(Path(pci_root) / sysfs_name(pci_bus_id) / "max_link_width")
+
+
+def nvidia_gpus_on_bus(pci_root: str = PCI_DEVICES) -> list[str] | None:
+    """The PCI addresses of the NVIDIA display and 3D controllers on the bus (sysfs); None when no PCI bus is
+    visible here (a container without /sys, or a machine without PCI)."""
+    root = Path(pci_root)
+    try:
+        functions = sorted(root.iterdir())
+    except OSError:
+        return None
+    found = []
+    for function in functions:
+        try:
+            vendor = (function / "vendor").read_text().strip()
+            klass = (function / "class").read_text().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_VENDOR and klass.startswith(GPU_CLASSES):
+            found.append(function.name)
+    return found
 
 
 def _text(value: str | bytes | None) -> str | None:
@@ -153,8 +199,9 @@ def _text(value: str | bytes | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def read_gpu(nvml, index: int) -> Gpu:
-    """One GPU as NVML describes it, by NVML index (the handle lookups that must work are not optional)."""
+def read_gpu(nvml, index: int, pci_root: str = PCI_DEVICES) -> Gpu:
+    """One GPU as NVML (and sysfs, for its own PCIe width) describes it, by NVML index (the handle lookups that
+    must work are not optional: they raise NVMLError)."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     found = Gpu(index=index, name=_text(nvml.nvmlDeviceGetName(handle)), uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                 memory_total_bytes=nvml.nvmlDeviceGetMemoryInfo(handle).total)
@@ -166,7 +213,10 @@ def read_gpu(nvml, index: int) -> Gpu:
     found.serial = _text(ask("serial", nvml.nvmlDeviceGetSerial))
     pci = ask("PCI info", nvml.nvmlDeviceGetPciInfo)
     found.pci_bus_id = None if pci is None else _text(pci.busId)
-    found.nvlink_active = len(nvlinks_up(nvml, handle, errors))
+    links = nvlink_states(nvml, handle, errors)
+    found.nvlink_active = sum(links.values())
+    found.nvlinks_down = [link for link, up in links.items() if not up]
+    found.nvlink_supported = len(links)
     if found.nvlink_active:
         found.nvlink_speed_mbps = _nvlink_speed_mbps(nvml, handle, errors)
     found.pcie_gen = ask("max PCIe generation", nvml.nvmlDeviceGetMaxPcieLinkGeneration) or 0
@@ -186,16 +236,26 @@ def read_gpu(nvml, index: int) -> Gpu:
     power = ask("enforced power limit", nvml.nvmlDeviceGetEnforcedPowerLimit)  # mW
     found.power_limit_w = None if power is None else power / 1000
     found.pcie_gen_gpu_max = ask("GPU max PCIe generation", nvml.nvmlDeviceGetGpuMaxPcieLinkGeneration)
+    found.pcie_width_gpu_max = pcie_width_capability(found.pci_bus_id, pci_root)
     return found
 
 
-def inventory() -> Inventory:
-    """Every GPU NVML can see (a container sees only the GPUs it was given). Raises NvmlUnavailable."""
+def inventory(pci_root: str = PCI_DEVICES) -> Inventory:
+    """Every GPU NVML can see (a container sees only the GPUs it was given); a GPU NVML counts but cannot reach
+    is in `unreachable`, never a traceback. Raises NvmlUnavailable."""
     with nvml_session() as nvml:
-        cuda = nvml.nvmlSystemGetCudaDriverVersion_v2()
-        return Inventory(driver_version=str(nvml.nvmlSystemGetDriverVersion()),
-                         cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
-                         gpus=[read_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())])
+        try:
+            cuda = nvml.nvmlSystemGetCudaDriverVersion_v2()
+            driver, count = str(_text(nvml.nvmlSystemGetDriverVersion())), nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as err:
+            raise NvmlUnavailable(f"NVML started but cannot count the GPUs: {err}") from err
+        found = Inventory(driver_version=driver, cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}", gpus=[])
+        for index in range(count):
+            try:
+                found.gpus.append(read_gpu(nvml, index, pci_root))
+            except nvml.NVMLError as err:
+                found.unreachable[index] = f"NVML error {err}"
+        return found
 
 
 def visible(inv: Inventory, cuda_visible_devices: str | None) -> list[Gpu]:
@@ -214,34 +274,6 @@ def visible(inv: Inventory, cuda_visible_devices: str | None) -> list[Gpu]:
     return chosen
 
 
-@dataclasses.dataclass(frozen=True)
-class Threshold:
-    gbps: float | None
-    source: str
-
-
-def busbw_threshold(gpus: list[Gpu], num_nodes: int, fraction: float, override: float | None) -> Threshold:
-    """The busbw the largest all_reduce must reach: `override` if given, else `fraction` of the slowest GPU's
-    peak link bandwidth (NVLink when its links are up, else PCIe). Across nodes the network bounds it and NVML
-    cannot see the network, so no threshold is derived there."""
-    if override is not None:
-        return Threshold(override, "--min-busbw")
-    if num_nodes > 1:
-        return Threshold(None, "not derived across nodes (NVML cannot see the network): pass --min-busbw")
-    if not gpus:
-        return Threshold(None, "not derived: NVML sees no GPU")
-    links = []
-    for gpu in gpus:
-        if gpu.nvlink_active and gpu.nvlink_speed_mbps:
-            links.append((gpu.nvlink_gbps, f"NVLink {gpu.nvlink_active} links x {gpu.nvlink_speed_mbps} MB/s"))
-        elif gpu.pcie_gbps:
-            links.append((gpu.pcie_gbps, f"PCIe gen{gpu.pcie_gen} x{gpu.pcie_width}"))
-    if len(links) < len(gpus):
-        return Threshold(None, "not derived: NVML reports neither NVLink nor PCIe speed; pass --min-busbw")
-    peak, link = min(links)
-    return Threshold(round(fraction * peak, 1), f"{fraction:g} x {peak:.1f} GB/s peak ({link})")
-
-
 def by_uuid(inv: Inventory, uuid: str) -> Gpu | None:
     """The GPU with this UUID, with or without NVML's "GPU-" prefix (torch prints it without)."""
     want = uuid.removeprefix("GPU-")
@@ -252,11 +284,11 @@ def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
-def visible_count() -> int | None:
-    """How many GPUs this process can use, from NVML (no CUDA context, no torch import: the launcher's start-up
-    stays short); None when NVML cannot answer."""
+def survey(pci_root: str = PCI_DEVICES) -> Inventory | None:
+    """The node's GPUs as NVML sees them (no CUDA context, no torch import: the launcher's start-up stays short);
+    None when NVML cannot answer at all."""
     try:
-        return len(visible(inventory(), cuda_visible_devices()))
+        return inventory(pci_root)
     except NvmlUnavailable:
         return None
 
@@ -273,9 +305,10 @@ class PairLink:
 
 
 def pair_link(nvml, a: Gpu, b: Gpu) -> PairLink:
-    """The link between two GPUs of this node, by NVML index: NVLink when NVML says the pair can talk over it
-    (links counted to b's PCI bus id; through an NVSwitch every link of the weaker GPU), else PCIe at the slower
-    GPU's max generation and width, with the path between them."""
+    """The link the pair of GPUs of this node should have, by NVML index: NVLink when NVML says the pair can talk
+    over it (the links a has to b's PCI bus id, up or down; through an NVSwitch every link the weaker GPU has),
+    else PCIe at the slower GPU's own max generation and width, with the path between them. Links counted from
+    what the GPUs have, not what is up now: a link down lowers the pair's figure, never its bar."""
     errors: dict[str, str] = {}
     first, second = nvml.nvmlDeviceGetHandleByIndex(a.index), nvml.nvmlDeviceGetHandleByIndex(b.index)
     status = optional(nvml, errors, "P2P NVLink status", nvml.nvmlDeviceGetP2PStatus, first, second,
@@ -283,18 +316,20 @@ def pair_link(nvml, a: Gpu, b: Gpu) -> PairLink:
     speed = min(a.nvlink_speed_mbps, b.nvlink_speed_mbps)
     if status == nvml.NVML_P2P_STATUS_OK and speed:
         direct = 0
-        for link in nvlinks_up(nvml, first, errors):
+        for link in nvlink_states(nvml, first, errors):
             remote = optional(nvml, errors, f"NVLink {link} remote", nvml.nvmlDeviceGetNvLinkRemotePciInfo, first,
                               link)
             direct += remote is not None and _text(remote.busId) == b.pci_bus_id
-        links = direct or min(a.nvlink_active, b.nvlink_active)
-        return PairLink("NVLink", links * speed * 1e6 / GB, f"NVLink {links} links x {speed} MB/s")
-    slower = min((a, b), key=lambda g: g.pcie_gbps)
-    if not slower.pcie_gbps:
+        links = direct or min(a.nvlink_supported or a.nvlink_active, b.nvlink_supported or b.nvlink_active)
+        return PairLink("NVLink", nvlink_pair_gbps(links, speed), f"NVLink {links} links x {speed} MB/s")
+    peaks = {id(g): pcie_peak_gbps(*pcie_expected(g)) for g in (a, b)}
+    slower = min((a, b), key=lambda g: peaks[id(g)])
+    if not peaks[id(slower)]:
         return PairLink("unknown", 0.0, "link unknown: NVML reports neither NVLink nor PCIe speed")
     level = optional(nvml, errors, "common ancestor", nvml.nvmlDeviceGetTopologyCommonAncestor, first, second)
     path = f" ({PCIE_PATHS.get(level, level)})" if level is not None else ""
-    return PairLink("PCIe", slower.pcie_gbps, f"PCIe gen{slower.pcie_gen} x{slower.pcie_width}{path}")
+    gen, width = pcie_expected(slower)
+    return PairLink("PCIe", peaks[id(slower)], f"PCIe gen{gen} x{width}{path}")
 
 
 def pair_links(gpus: list[Gpu]) -> dict[tuple[int, int], PairLink]:
