@@ -1,20 +1,23 @@
-"""GPU visibility and health: what NVML sees, what torch sees, what was expected, and that every GPU computes."""
+"""GPU visibility and capability: what the PCI bus, NVML and torch see, what was expected, that every GPU has
+what it should (its NVLinks and PCIe lanes, and what its peers have), and that every GPU computes."""
 
 import os
 
 import pytest
 import torch
 
+from stackproof.judge import hardware
+from stackproof.judge.findings import worst
 from stackproof.suite import topology
-from stackproof.suite.visibility import expected_gpus
+from stackproof.suite.visibility import FROM_THE_BUS, expected_gpus, missing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fast]
 
 
 @pytest.fixture(scope="module")
-def inventory():
+def inventory(settings):
     try:
-        return topology.inventory()
+        return topology.inventory(settings.pci_devices)
     except topology.NvmlUnavailable as err:
         pytest.fail(f"torch sees a GPU but NVML does not: {err}; fix: run the container with "
                     "NVIDIA_DRIVER_CAPABILITIES including utility (stackproof images set compute,utility)")
@@ -27,7 +30,8 @@ def visible(inventory):
 
 def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     count = torch.cuda.device_count()
-    want, why = expected_gpus(settings.expect_gpus, os.environ)
+    bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
+    want, why = expected_gpus(settings.expect_gpus, os.environ, bus)
     report.figure("gpus", count)
     report.figure("names", ",".join(sorted({g.name for g in visible})))
     report.figure("driver", inventory.driver_version)
@@ -36,7 +40,24 @@ def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
     assert count == len(visible), (f"torch.cuda.device_count() = {count}, but NVML shows {len(visible)} GPU(s) "
                                    f"visible (CUDA_VISIBLE_DEVICES={cvd}, NVML total {len(inventory.gpus)})")
-    assert count >= want, f"expected >= {want} GPU(s) ({why}), found {count}: {[g.name for g in visible]}"
+    gone = missing(bus or [], inventory) if FROM_THE_BUS in why else []
+    assert count >= want, (f"expected >= {want} GPU(s) ({why}), found {count}: {[g.name for g in visible]}"
+                           + (f"; on the bus but not to NVML: {', '.join(gone)}" if gone else ""))
+
+
+def test_gpus_have_what_they_should(inventory, report):
+    """Each GPU against what it should have: every NVLink it has up, and as many as its same-model peers; PCIe at
+    its own max width (and a slot that allows its own max generation); the memory and max clocks of its peers;
+    and NVML able to reach it."""
+    findings = [hardware.unreachable(index, error) for index, error in inventory.unreachable.items()]
+    for gpu in inventory.gpus:
+        findings += hardware.findings(gpu, inventory.gpus)
+    for gpu in inventory.gpus:
+        report.figure(f"gpu{gpu.index}", f"NVLink {gpu.nvlink_active}/{gpu.nvlink_supported}; PCIe "
+                                         f"x{gpu.pcie_width_current} of x{gpu.pcie_width_gpu_max or gpu.pcie_width}")
+    report.classify(*(worst(findings) or ("interconnect", "triage")))
+    report.hint("act on each finding's fix; nvidia-smi topo -m and nvidia-smi nvlink -s show the links")
+    assert not findings, " | ".join(map(str, findings))
 
 
 def test_driver_supports_the_image_cuda(inventory, report):

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from stackproof.judge import bars
 from stackproof.suite import bandwidth, topology
 
 MiB, GiB, KiB = 1 << 20, 1 << 30, 1 << 10
@@ -31,27 +32,27 @@ def gpus(dist_env):
 
 @pytest.mark.multi_rank
 def test_all_reduce_busbw(sweep, gpus, dist_env, settings, report):
-    threshold = topology.busbw_threshold(gpus, dist_env.num_nodes, settings.busbw_fraction, settings.min_busbw)
+    threshold = bars.busbw_bar(gpus, dist_env.num_nodes, settings.busbw_fraction, settings.min_busbw)
     header = (f"all_reduce sum in-place, {dist_env.world_size} ranks ({dist_env.backend}), "
               f"{settings.iters} iters after {settings.warmup} warm-up, GB = 1e9 B, time = mean over ranks")
     report.say("\n" + bandwidth.format_table(sweep, header))
     report.table("all_reduce_busbw", [row.__dict__ for row in sweep])
     _figures(report, sweep)
     largest = sweep[-1]
-    report.context("busbw_threshold", {"gbps": threshold.gbps, "source": threshold.source,
+    report.context("busbw_threshold", {"gbps": threshold.value, "source": threshold.source,
                                        "at_bytes": largest.size_bytes})
-    if threshold.gbps is not None:
-        report.figure("threshold", threshold.gbps, "GB/s")
-    bar = f"{threshold.gbps} GB/s at {largest.size_bytes} B" if threshold.gbps is not None else "none"
+    if threshold.value is not None:
+        report.figure("threshold", threshold.value, "GB/s")
+    bar = f"{threshold.value} GB/s at {largest.size_bytes} B" if threshold.value is not None else "none"
     report.say(f"# threshold: {bar} ({threshold.source})")
-    if threshold.gbps is None:
+    if threshold.value is None:
         pytest.skip(f"no bar to hold busbw to: {threshold.source}" if dist_env.is_gpu else
                     "CPU (gloo) run: the sweep above is measured, but no bar is derived without GPUs; "
                     "pass --min-busbw to set one")
     report.hint("busbw below the topology's bar: check NVLink/PCIe state (nvidia-smi topo -m), NCCL_P2P_DISABLE, "
                 "NCCL_IB_*; or set the bar with --min-busbw")
-    assert largest.busbw_gbps >= threshold.gbps, (
-        f"all_reduce busbw at {largest.size_bytes} B: expected >= {threshold.gbps} GB/s ({threshold.source}), "
+    assert largest.busbw_gbps >= threshold.value, (
+        f"all_reduce busbw at {largest.size_bytes} B: expected >= {threshold.value} GB/s ({threshold.source}), "
         f"found {largest.busbw_gbps:.1f} GB/s")
 
 

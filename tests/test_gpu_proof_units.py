@@ -1,14 +1,20 @@
-"""Unit tests of the per-GPU proof tier: the peaks derived from NVML values (H200 as the known answer), the
+"""Unit tests of the per-GPU proof tier: the peaks and bars of judge/bars.py (H200 as the known answer), the
 digest chain, the cross-rank decisions, and every NVML failure path of topology.py and health.py.
 
 NVML cannot run without an NVIDIA driver, so each NVML test hands in `FakeNvml`: the real nvidia-ml-py module's
 constants and exception classes, with one GPU's answers in place of the driver's."""
 
+from pathlib import Path
+
 import pynvml
 import pytest
 import torch
 
+from stackproof.judge import bars, hardware
 from stackproof.suite import gpu_proof, health, topology
+
+NO_SYSFS = "/nonexistent/sysfs"  # the GPU's own PCIe width then falls back to NVML's
+QUIET_KERNEL_LOG = str(Path(__file__).parent / "fixtures" / "kmsg" / "h200-healthy.log")
 
 
 class Fails:
@@ -46,6 +52,7 @@ class PciInfo:
 
 class Memory:
     total = 141 * (1 << 30)
+    used = 645 << 20
 
 
 H200_ANSWERS = {  # what NVML answered on an H200 (retired pages: NotSupported, the GPU remaps rows instead)
@@ -73,11 +80,11 @@ def h200_nvml(**changes) -> FakeNvml:
 
 
 def test_inventory_reads_identity_and_the_values_the_bars_derive_from():
-    gpu = topology.read_gpu(h200_nvml(), 0)
+    gpu = topology.read_gpu(h200_nvml(), 0, NO_SYSFS)
     assert (gpu.name, gpu.serial, gpu.pci_bus_id) == ("NVIDIA H200", "1654123456789", "00000000:18:00.0")
     assert (gpu.memory_bus_width_bits, gpu.max_memory_clock_mhz, gpu.max_sm_clock_mhz) == (6016, 3201, 1980)
     assert (gpu.pcie_gen, gpu.pcie_width, gpu.pcie_gen_current, gpu.pcie_width_current) == (5, 16, 1, 16)
-    assert gpu.nvlink_active == 18
+    assert (gpu.nvlink_active, gpu.nvlink_supported, gpu.nvlinks_down) == (18, 18, [])
     # NotSupported is "not applicable": no value, and no finding.
     assert gpu.nvlink_speed_mbps == 0
     assert gpu.nvml_errors == {}
@@ -87,7 +94,7 @@ def test_inventory_reads_identity_and_the_values_the_bars_derive_from():
 def test_inventory_reports_an_nvml_error_instead_of_swallowing_it():
     nvml = h200_nvml(nvmlDeviceGetMemoryBusWidth=Fails(pynvml.NVML_ERROR_NO_PERMISSION),
                      nvmlDeviceGetSerial=Fails(pynvml.NVML_ERROR_GPU_IS_LOST))
-    gpu = topology.read_gpu(nvml, 0)
+    gpu = topology.read_gpu(nvml, 0, NO_SYSFS)
     assert gpu.memory_bus_width_bits is None and gpu.serial is None
     assert gpu.nvml_errors == {"memory bus width": "NVML error Insufficient Permissions",
                                "serial": "NVML error GPU is lost"}
@@ -118,11 +125,11 @@ def test_a_bug_in_the_caller_is_not_taken_for_a_missing_feature():
         raise TypeError("wrong arguments")
 
     with pytest.raises(TypeError):
-        topology.read_gpu(h200_nvml(nvmlDeviceGetMemoryBusWidth=broken), 0)
+        topology.read_gpu(h200_nvml(nvmlDeviceGetMemoryBusWidth=broken), 0, NO_SYSFS)
 
 
 def test_gpu_found_by_uuid_with_or_without_nvml_prefix():
-    inventory = topology.Inventory("580.1", "13.0", [topology.read_gpu(h200_nvml(), 0)])
+    inventory = topology.Inventory("580.1", "13.0", [topology.read_gpu(h200_nvml(), 0, NO_SYSFS)])
     assert topology.by_uuid(inventory, "8c1d7f3a-0000-4000-8000-000000000001").index == 0
     assert topology.by_uuid(inventory, "GPU-8c1d7f3a-0000-4000-8000-000000000001").index == 0
     assert topology.by_uuid(inventory, "GPU-ffffffff") is None
@@ -131,34 +138,34 @@ def test_gpu_found_by_uuid_with_or_without_nvml_prefix():
 # --- Bars derived from NVML values: H200 as the known answer -----------------------------------------------------
 
 def test_hbm_peak_from_bus_width_and_memory_clock():
-    assert gpu_proof.hbm_peak_bytes_per_s(6016, 3201) == pytest.approx(4.814e12, rel=1e-3)
+    assert bars.hbm_peak_bytes_per_s(6016, 3201) == pytest.approx(4.814e12, rel=1e-3)
     # The 4.25 TB/s an H200 copy reaches is 0.88 of it: the 0.7 bar passes it and fails a GPU at 3.3 TB/s.
-    bar = gpu_proof.hbm_bar(topology.read_gpu(h200_nvml(), 0), 0.7)
+    bar = bars.hbm_bar(topology.read_gpu(h200_nvml(), 0, NO_SYSFS), 0.7)
     assert bar.value == pytest.approx(3.37e12, rel=1e-3) and "6016 bit x 3201 MHz x 2" in bar.source
     assert 3.3e12 < bar.value < 4.25e12
 
 
 def test_pcie_peak_from_generation_and_width():
-    assert gpu_proof.pcie_peak_bytes_per_s(5, 16) == pytest.approx(63.0e9, rel=1e-3)
-    assert gpu_proof.pcie_peak_bytes_per_s(4, 16) == pytest.approx(31.5e9, rel=1e-3)
-    bar = gpu_proof.pcie_bar(topology.read_gpu(h200_nvml(), 0), 0.7)
+    assert bars.pcie_peak_gbps(5, 16) == pytest.approx(63.0, rel=1e-3)
+    assert bars.pcie_peak_gbps(4, 16) == pytest.approx(31.5, rel=1e-3)
+    bar = bars.pcie_bar(topology.read_gpu(h200_nvml(), 0, NO_SYSFS), 0.7)
     assert bar.value < 55e9 and "PCIe gen5 x16" in bar.source  # the 55 GB/s measured each way passes
 
 
 def test_gemm_peak_from_sm_count_clock_and_architecture():
-    assert gpu_proof.gemm_peak_flops(132, 1980, (9, 0)) == pytest.approx(1070.5e12, rel=1e-3)  # H200
-    assert gpu_proof.gemm_peak_flops(132, 1830, (9, 0)) == pytest.approx(989.4e12, rel=1e-3)  # H100 datasheet
-    assert gpu_proof.gemm_peak_flops(108, 1410, (8, 0)) == pytest.approx(312e12, rel=1e-3)  # A100 datasheet
-    bar = gpu_proof.gemm_bar(132, 1980, (9, 0), 0.6)
+    assert bars.gemm_peak_flops(132, 1980, (9, 0)) == pytest.approx(1070.5e12, rel=1e-3)  # H200
+    assert bars.gemm_peak_flops(132, 1830, (9, 0)) == pytest.approx(989.4e12, rel=1e-3)  # H100 datasheet
+    assert bars.gemm_peak_flops(108, 1410, (8, 0)) == pytest.approx(312e12, rel=1e-3)  # A100 datasheet
+    bar = bars.gemm_bar(132, 1980, (9, 0), 0.6)
     assert 600e12 < bar.value < 789e12 and "132 SMs x 1980 MHz x 4096" in bar.source
 
 
 def test_no_bar_is_derived_from_missing_values_and_the_reason_says_so():
     bare = topology.Gpu(0, "GPU", "GPU-0", 0)
-    assert gpu_proof.hbm_bar(bare, 0.7).value is None and "memory bus width" in gpu_proof.hbm_bar(bare, 0.7).source
-    assert gpu_proof.pcie_bar(bare, 0.7).value is None
-    assert gpu_proof.gemm_bar(132, None, (9, 0), 0.6).value is None
-    unknown = gpu_proof.gemm_bar(148, 1965, (12, 1), 0.6)
+    assert bars.hbm_bar(bare, 0.7).value is None and "memory bus width" in bars.hbm_bar(bare, 0.7).source
+    assert bars.pcie_bar(bare, 0.7).value is None
+    assert bars.gemm_bar(132, None, (9, 0), 0.6).value is None
+    unknown = bars.gemm_bar(148, 1965, (12, 1), 0.6)
     assert unknown.value is None and "sm_121" in unknown.source
 
 
@@ -231,7 +238,7 @@ def test_gemm_median_is_per_model():
 
 def checkup(**changes):
     nvml = h200_nvml(**changes)
-    return health.examine(nvml, "handle", topology.read_gpu(nvml, 0))
+    return health.examine(nvml, "handle", topology.read_gpu(nvml, 0, NO_SYSFS), set(), QUIET_KERNEL_LOG)
 
 
 def only(findings):
@@ -254,8 +261,7 @@ def test_a_healthy_h200_has_no_findings_even_at_idle_pcie_gen1():
     ({"nvmlDeviceGetRetiredPagesPendingStatus": 1}, "page retirement", "gpu-hardware", "reset"),
     ({"nvmlDeviceGetTotalEccErrors": lambda kind, counter: 3}, "uncorrected ECC", "gpu-hardware", "reset"),
     ({"nvmlDeviceGetCurrentClocksEventReasons": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown},
-     "clock-event reasons", "gpu-hardware", "triage"),
-    ({"nvmlDeviceGetCurrPcieLinkWidth": 8}, "PCIe link width", "interconnect", "triage"),
+     "clock-event reasons at rest", "gpu-hardware", "triage"),
     ({"nvmlDeviceGetNvLinkErrorCounter": lambda link, counter: 5 if (link, counter) == (
         7, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY) else 0}, "NVLink recovery errors", "interconnect", "triage"),
     ({"nvmlDeviceGetTemperature": lambda sensor: 88}, "temperature", "gpu-hardware", "triage"),
@@ -306,7 +312,7 @@ def test_not_supported_everywhere_is_no_finding():
     """A GPU without ECC, row remapping, NVLink or thermal thresholds (a consumer part) has nothing to report."""
     nvml = FakeNvml(**{name: H200_ANSWERS[name] for name in (
         "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo")})
-    result = health.examine(nvml, "handle", topology.read_gpu(nvml, 0))
+    result = health.examine(nvml, "handle", topology.read_gpu(nvml, 0, NO_SYSFS), set(), QUIET_KERNEL_LOG)
     assert result.findings == [] and result.readings["nvlink_errors"] == "n/a"
 
 
@@ -319,12 +325,14 @@ def test_the_worst_finding_sets_the_category_and_severity():
 
 
 def test_pcie_generation_is_judged_under_load_only():
-    gpu = topology.read_gpu(h200_nvml(), 0)
-    assert health.pcie_under_load(gpu, 5, 16) is None
-    downtrained = health.pcie_under_load(gpu, 4, 16)
-    assert (downtrained.expected, downtrained.found) == ("gen5 x16", "gen4 x16 while copying (downtrained)")
-    assert health.pcie_under_load(gpu, 5, 8).category == "interconnect"
-    assert health.pcie_under_load(gpu, None, None) is None
+    gpu = topology.read_gpu(h200_nvml(), 0, NO_SYSFS)
+    assert hardware.findings(gpu, [gpu]) == []  # gen1 at rest is an idle link, not a fault
+    assert hardware.pcie_under_load(gpu, 5, 16) is None
+    downtrained = hardware.pcie_under_load(gpu, 4, 16)
+    assert (downtrained.expected, downtrained.found) == ("gen5 x16 (the GPU's own max)",
+                                                         "gen4 x16 while copying (downtrained)")
+    assert hardware.pcie_under_load(gpu, 5, 8).category == "interconnect"
+    assert hardware.pcie_under_load(gpu, None, None) is None
     errors = {}
     assert health.pcie_link_now(h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=5), "h", errors) == (5, 16)
     assert health.pcie_link_now(h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=Fails(
@@ -333,10 +341,10 @@ def test_pcie_generation_is_judged_under_load_only():
 
 
 def test_a_link_ramping_up_from_idle_is_not_downtrained_but_one_that_stays_low_is():
-    gpu = topology.read_gpu(h200_nvml(), 0)
+    gpu = topology.read_gpu(h200_nvml(), 0, NO_SYSFS)
     answers = iter([1, 3, 5])
     ramping = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=lambda: next(answers))
     assert health.pcie_link_under_load(ramping, "h", {}, gpu, pause_s=0) == (5, 16)
     stuck = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=4)
     gen, width = health.pcie_link_under_load(stuck, "h", {}, gpu, pause_s=0)
-    assert health.pcie_under_load(gpu, gen, width).found == "gen4 x16 while copying (downtrained)"
+    assert hardware.pcie_under_load(gpu, gen, width).found == "gen4 x16 while copying (downtrained)"

@@ -59,25 +59,6 @@ def h200(index=0, links=18, speed=26562, gen=5, width=16):
                         nvlink_speed_mbps=speed, pcie_gen=gen, pcie_width=width)
 
 
-def test_threshold_from_nvlink():
-    threshold = topology.busbw_threshold([h200(0), h200(1)], num_nodes=1, fraction=0.5, override=None)
-    assert threshold.gbps == pytest.approx(0.5 * 18 * 26.562, abs=0.1)
-    assert "NVLink 18 links" in threshold.source
-
-
-def test_threshold_from_pcie_when_no_nvlink_and_slowest_gpu_wins():
-    gpus = [h200(0, links=0, gen=4, width=16), h200(1, links=0, gen=4, width=8)]
-    threshold = topology.busbw_threshold(gpus, num_nodes=1, fraction=0.5, override=None)
-    assert threshold.gbps == pytest.approx(0.5 * 16 * 8 * 128 / 130 / 8, abs=0.1)
-    assert "PCIe gen4 x8" in threshold.source
-
-
-def test_threshold_override_and_multi_node():
-    assert topology.busbw_threshold([h200()], 1, 0.5, override=123.0).gbps == 123.0
-    across = topology.busbw_threshold([h200()], num_nodes=2, fraction=0.5, override=None)
-    assert across.gbps is None and "--min-busbw" in across.source
-
-
 def test_cuda_visible_devices_by_index_and_uuid():
     inventory = topology.Inventory("580.1", "13.0", [h200(0), h200(1), h200(2)])
     assert [g.index for g in topology.visible(inventory, "2,0")] == [2, 0]

@@ -11,6 +11,8 @@ import os
 from stackproof.errors import ConfigError
 from stackproof.settings import Settings, at_least, flag_of, fraction, option, parse_bytes, positive
 from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
+from stackproof.suite.health import KERNEL_LOG
+from stackproof.suite.topology import PCI_DEVICES
 
 __all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
 
@@ -28,6 +30,11 @@ class ValidateConfig(Settings):
     expect_gpus: int | None = option(
         None, "GPUs that must be visible on each node (default: >= 1 when NVIDIA_VISIBLE_DEVICES requests GPUs, "
               "else whatever is there; 0 validates on CPU)", metavar="N", check=at_least(0))
+    pci_devices: str = option(PCI_DEVICES, "where sysfs lists the PCI bus's functions: the NVIDIA GPUs there are "
+                                           "the GPUs the node must show when nothing else says how many, and each "
+                                           "GPU's own PCIe width (LnkCap) is read there", metavar="DIR")
+    kernel_log: str = option(KERNEL_LOG, "the kernel log searched for the GPUs' XID lines (a file works too; where "
+                                         "it is not readable, journalctl -k is asked)", metavar="PATH")
     nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=at_least(1))
     tier: str = option("full", "full: every check; fast: host, GPU identity and health, the per-GPU "
                                "checks and the local GPU pair matrix", choices=TIERS)

@@ -13,7 +13,7 @@ from stackproof.errors import ConfigError
 from stackproof.suite import pins, topology, verdict
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.dist import launched_by_a_launcher
-from stackproof.suite.visibility import no_gpu_verdict
+from stackproof.suite.visibility import hardware_verdict
 
 KILL_GRACE_S = 10
 
@@ -32,14 +32,16 @@ def validate(settings: ValidateConfig) -> int:
 
     if launched_by_a_launcher():
         return worker.run(settings)
-    visible = topology.visible_count()
-    if visible is None:  # no NVML here: ask CUDA itself
+    inventory = topology.survey(settings.pci_devices)  # NVML only: no CUDA context, a short start-up
+    if inventory is not None:
+        visible = len(topology.visible(inventory, topology.cuda_visible_devices()))
+    else:  # no NVML here: ask CUDA itself
         import torch
 
         visible = torch.cuda.device_count()
-    no_gpu = no_gpu_verdict(settings, visible, sys.stdout)
-    if no_gpu is not None:
-        return no_gpu
+    stop = hardware_verdict(settings, inventory, visible, sys.stdout)
+    if stop is not None:
+        return stop
     nproc = visible or settings.nproc  # one rank per visible GPU
     settings.check_world(nproc * settings.nnodes)
     verdict.prepare(settings.reports_dir)

@@ -1,52 +1,102 @@
 """How many GPUs a node must see, and the verdict when it sees fewer: one decision for the launcher, every rank
 started by torchrun, srun or Kubernetes directly, and the scripts (`stackproof local-ranks`), so that a rank
-without its GPU never passes on CPU by accident."""
+without its GPU never passes on CPU by accident. With no flag and no scheduler hint the PCI bus says: a node
+that shows N NVIDIA GPUs there must show N to NVML and CUDA, and the ones that fell off are named."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import IO
 
 from stackproof.errors import Exit
+from stackproof.judge import hardware
+from stackproof.suite import topology
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.report import Report
 
 NO_GPU_VALUES = ("", "void", "none")
+FROM_THE_BUS = "on the PCI bus"  # the reason's words when the bus set the expectation
 
 
-def expected_gpus(flag: int | None, env: dict[str, str] | os._Environ) -> tuple[int, str]:
+def expected_gpus(flag: int | None, env: dict[str, str] | os._Environ,
+                  bus: list[str] | None = None) -> tuple[int, str]:
     """(how many GPUs this node must show, why). 0 means the run may use the CPU.
 
-    --expect-gpus wins; then the GPUs Slurm allocated on this node; then a container started for GPUs
-    (NVIDIA_VISIBLE_DEVICES set to devices, as stackproof's images and NVIDIA's container toolkit do) expects
-    at least one."""
+    --expect-gpus wins; then the GPUs Slurm allocated on this node; then CUDA_VISIBLE_DEVICES or a container
+    started for some GPUs (NVIDIA_VISIBLE_DEVICES listing devices, as the NVIDIA container toolkit and the
+    Kubernetes device plugin set it) expect at least one; NVIDIA_VISIBLE_DEVICES=void asks for none. Otherwise
+    (bare metal, or NVIDIA_VISIBLE_DEVICES=all) every NVIDIA GPU on the PCI bus `bus` (sysfs) is expected; with
+    no bus visible, NVIDIA_VISIBLE_DEVICES=all expects at least one and nothing else expects any."""
     if flag is not None:
         return flag, f"--expect-gpus {flag}"
     slurm = env.get("SLURM_GPUS_ON_NODE")
     if slurm and slurm.isdigit() and int(slurm) > 0:
         return int(slurm), f"SLURM_GPUS_ON_NODE={slurm} (the job's GPUs on this node)"
     requested = env.get("NVIDIA_VISIBLE_DEVICES")
-    if requested is None or requested.strip().lower() in NO_GPU_VALUES:
-        return 0, "no GPU requested (NVIDIA_VISIBLE_DEVICES unset or void)"
-    return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
+    if requested is not None and requested.strip().lower() in NO_GPU_VALUES:
+        return 0, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={requested})"
+    chosen = env.get("CUDA_VISIBLE_DEVICES")
+    if requested is not None and requested.strip().lower() != "all":
+        return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
+    if chosen:
+        return 1, f"CUDA_VISIBLE_DEVICES={chosen}"
+    if bus:
+        return len(bus), f"{len(bus)} NVIDIA GPU(s) {FROM_THE_BUS} ({', '.join(bus)})"
+    if requested is not None:
+        return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
+    return 0, "no GPU requested (NVIDIA_VISIBLE_DEVICES unset) and none on the PCI bus"
+
+
+def missing(bus: list[str], inventory: topology.Inventory | None) -> list[str]:
+    """The bus's NVIDIA GPUs that NVML does not show (all of them when NVML cannot answer)."""
+    shown = {topology.sysfs_name(g.pci_bus_id) for g in (inventory.gpus if inventory else []) if g.pci_bus_id}
+    return [address for address in bus if address not in shown]
+
+
+def hardware_verdict(settings: ValidateConfig, inventory: topology.Inventory | None, visible: int,
+                     out: IO[str]) -> Exit | None:
+    """Before any rank starts: GPUs NVML counts but cannot reach, and GPUs on the PCI bus that NVML does not
+    show, are findings on those GPUs: report.json is written with them and the run ends with Exit.FAILED (none
+    visible at all: no_gpu_verdict's Exit.NO_GPU)."""
+    bus = topology.nvidia_gpus_on_bus(settings.pci_devices) or []
+    _, why = expected_gpus(settings.expect_gpus, os.environ, bus)
+    lost = inventory.unreachable if inventory else {}
+    findings = [hardware.unreachable(index, error) for index, error in lost.items()]
+    if FROM_THE_BUS in why and visible:
+        findings += hardware.missing_from_the_bus(missing(bus, inventory), len(inventory.gpus) if inventory else 0)
+    if not findings:
+        return no_gpu_verdict(settings, visible, out)
+    message = (f"{len(findings)} GPU(s) expected but not reachable: " + " | ".join(map(str, findings)))
+    _conclude(settings, Exit.FAILED, message, out, findings=[dataclasses.asdict(f) for f in findings],
+              expected_gpus=why, visible_gpus=visible)
+    return Exit.FAILED
 
 
 def no_gpu_verdict(settings: ValidateConfig, visible: int, out: IO[str], write_report: bool = True) -> Exit | None:
     """Exit.NO_GPU, after saying so (and writing report.json), when GPUs are expected and none is visible (fewer
     than expected, but some, is the GPU check's failure: it names them)."""
-    expected, why = expected_gpus(settings.expect_gpus, os.environ)
+    bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
+    expected, why = expected_gpus(settings.expect_gpus, os.environ, bus)
     if not expected or visible:
         return None
     message = (f"no GPU visible, but GPUs were expected ({why}): expected >= {expected}, found {visible}; "
                "fix: give the container its GPUs (docker run --gpus all, or --device nvidia.com/gpu=all with CDI; "
                "Kubernetes: an nvidia.com/gpu limit; "
-               "Slurm: check gres.conf), or validate on CPU on purpose with --expect-gpus 0 "
-               "(or -e NVIDIA_VISIBLE_DEVICES=void)")
+               "Slurm: check gres.conf), check the driver (nvidia-smi; the kernel log for NVRM errors), "
+               "or validate on CPU on purpose with --expect-gpus 0 (or -e NVIDIA_VISIBLE_DEVICES=void)")
+    _conclude(settings, Exit.NO_GPU, message, out, write_report, expected_gpus=expected, visible_gpus=visible,
+              reason=why)
+    return Exit.NO_GPU
+
+
+def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], write_report: bool = True,
+              **context) -> None:
     lines = [f"# stackproof validate: {message}"]
     if write_report:
-        report = Report(override=(Exit.NO_GPU, message))
-        report.context.update(expected_gpus=expected, visible_gpus=visible, reason=why)
+        report = Report(override=(code, message))
+        report.context.update(context)
         lines.append(f"# report: {report.write(settings.reports_dir)}")
-    lines.append(f"# Verdict: {Exit.NO_GPU.verdict} (exit code {int(Exit.NO_GPU)}: {Exit.NO_GPU.meaning})")
+    lines.append(f"# Verdict: {code.verdict} (exit code {int(code)}: {code.meaning})")
     print("\n".join(lines), file=out, flush=True)
-    return Exit.NO_GPU
+
