@@ -33,6 +33,7 @@ def _local(step):
 
 def _read_own(device: torch.device, settings, own_pids: set[int]) -> tuple[topology.Gpu, health.Checkup]:
     uuid = str(torch.cuda.get_device_properties(device).uuid)
+    torch.zeros(1, device=device)  # this rank's context on its GPU: NVML lists it among the GPU's processes
     try:
         with topology.nvml_session() as nvml:
             try:
