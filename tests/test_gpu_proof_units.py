@@ -88,7 +88,7 @@ def test_inventory_reads_identity_and_the_values_the_bars_derive_from():
     # NotSupported is "not applicable": no value, and no finding.
     assert gpu.nvlink_speed_mbps == 0
     assert gpu.nvml_errors == {}
-    assert gpu.pcie_gbps == pytest.approx(63.0, abs=0.05)
+    assert bars.pcie_peak_gbps(*bars.pcie_expected(gpu)) == pytest.approx(63.0, abs=0.05)
 
 
 def test_inventory_reports_an_nvml_error_instead_of_swallowing_it():
@@ -133,6 +133,22 @@ def test_gpu_found_by_uuid_with_or_without_nvml_prefix():
     assert topology.by_uuid(inventory, "8c1d7f3a-0000-4000-8000-000000000001").index == 0
     assert topology.by_uuid(inventory, "GPU-8c1d7f3a-0000-4000-8000-000000000001").index == 0
     assert topology.by_uuid(inventory, "GPU-ffffffff") is None
+
+
+def test_a_pair_is_held_to_the_links_its_gpus_have_not_the_ones_up_now():
+    """Two H200s through an NVSwitch (no direct link): link 3 of the first is down, its bar is still 18 links."""
+    class SwitchPort:
+        busId = b"00000000:a0:00.0"
+
+    down = h200_nvml(nvmlDeviceGetNvLinkState=lambda link: (0 if link == 3 else 1) if link < 18 else Fails(
+        pynvml.NVML_ERROR_INVALID_ARGUMENT), nvmlDeviceGetP2PStatus=lambda other, caps: pynvml.NVML_P2P_STATUS_OK,
+        nvmlDeviceGetNvLinkRemotePciInfo=lambda link: SwitchPort())
+    a, b = topology.read_gpu(down, 0, NO_SYSFS), topology.read_gpu(h200_nvml(), 0, NO_SYSFS)
+    a.nvlink_speed_mbps = b.nvlink_speed_mbps = 26562
+    assert (a.nvlink_active, a.nvlink_supported, a.nvlinks_down) == (17, 18, [3])
+    link = topology.pair_link(down, a, b)
+    assert (link.kind, link.label) == ("NVLink", "NVLink 18 links x 26562 MB/s")
+    assert link.gbps == pytest.approx(18 * 26.562, rel=1e-3)
 
 
 # --- Bars derived from NVML values: H200 as the known answer -----------------------------------------------------

@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from stackproof.judge.bars import GB, nvlink_pair_gbps, pcie_expected, pcie_peak_gbps
+from stackproof.judge.bars import nvlink_pair_gbps, pcie_expected, pcie_peak_gbps
 
 # Where the PCI bus lists its functions (sysfs); a container that mounts the host's sysfs elsewhere, or a test,
 # passes another root (validate --pci-devices).
@@ -49,16 +49,6 @@ class Gpu:
     # NVML calls that failed with anything but NotSupported: {what was asked: "NVML error <text>"}. Each one is
     # a finding, never a silent pass (the field it was for stays None).
     nvml_errors: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def nvlink_gbps(self) -> float:
-        """Peak unidirectional NVLink bandwidth of this GPU, GB/s."""
-        return self.nvlink_active * self.nvlink_speed_mbps * 1e6 / GB
-
-    @property
-    def pcie_gbps(self) -> float:
-        """Peak unidirectional PCIe bandwidth of this GPU's link at its max generation and width, GB/s."""
-        return pcie_peak_gbps(self.pcie_gen, self.pcie_width)
 
 
 @dataclasses.dataclass
