@@ -170,3 +170,26 @@ def test_chromium_draws_the_maps_and_cuts_no_table(fleet_page, tmp_path):
     dom = chromium("--dump-dom", probe.as_uri()).stdout
     width = int(re.search(r"<title>width=(\d+)</title>", dom).group(1))
     assert width <= 1280, f"the page is {width} px wide in a 1280 px window: a table is cut"
+
+
+def test_one_run_over_many_nodes_fails_only_the_failing_rank_s_node():
+    """A single multi-node report: the failing check is red on the node of the failing rank, green elsewhere."""
+    ranks = [{"rank": r, "node": f"n{r // 2}", "host": f"n{r // 2}", "node_rank": r // 2, "local_rank": r % 2,
+              "gpu": None} for r in range(8)]
+    checks = [Check("smoke_tests/test_04_collectives.py::test_barrier"),
+              Check("smoke_tests/test_04_collectives.py::test_all_reduce[sum-float32]", "failed", failed_ranks=[5],
+                    message="failed on rank(s) [5] of 8", rank_figures={}),
+              Check("smoke_tests/test_09_stragglers.py::test_arrival", figures={"arrival": Figure(3.0, "ms")},
+                    rank_figures={r: {"arrival": Figure(3.0 + r, "ms")} for r in range(1, 8)})]
+    report = Report(ranks=ranks, checks=checks, planned=[c.nodeid for c in checks], complete=True,
+                    world={"size": 8, "nodes": 4, "backend": "gloo", "local_world_size": 2})
+    text = page.render([("run", report.to_json())])
+    table = text[text.index('id="node-check-map"'):]
+    table = table[:table.index("</table>")]
+    rows = {row.split("</th>")[0]: row for row in table.split('<tr><th class="node">')[1:]}
+    assert sorted(rows) == ["n0", "n1", "n2", "n3"]
+    assert [node for node, row in rows.items() if 'class="FAIL"' in row] == ["n2"]
+    assert "<b>n2</b> &times; collectives::all_reduce[sum-float32]: rank 5</li>" in text
+    # On CPU the node x GPU map's columns are the local ranks.
+    arrival = text[text.index("<h3>stragglers::arrival arrival (ms, lower is better)</h3>"):]
+    assert "<th>rank 0</th><th>rank 1</th>" in arrival[:arrival.index("</table>")]
