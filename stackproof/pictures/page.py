@@ -14,23 +14,29 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import Exit
-from stackproof.pictures import nccl_tests
+from stackproof.pictures import fleet, nccl_tests
 from stackproof.suite import baseline
 from stackproof.suite.report import read_report
 
 VERDICT_ORDER = ("OK", "INTERRUPTED", "FAILED")
+# Beyond this many runs (a fleet, one report per node) the page draws the node maps instead of a chart per run and
+# GPU, folds each run's tables, and names only the extreme sweeps in the legend.
+FLEET_RUNS = 8
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ccc; }
 .verdict { padding: 0.6em 1em; font-size: 1.3em; font-weight: bold; border-radius: 4px; color: #fff; }
 .OK { background: #2e7d32; } .FAILED { background: #c62828; } .INTERRUPTED { background: #ef6c00; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.85em; }
-th, td { border: 1px solid #ddd; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.5em; text-align: left; vertical-align: top;
+  overflow-wrap: break-word; }
+.wide { overflow-x: auto; max-width: 100%; }  /* a table wider than the window scrolls, never cut */
+details > summary { cursor: pointer; margin: 0.4em 0; }
 th { background: #f3f3f3; } tr.FAIL td { background: #fdecea; } tr.SKIP td { color: #777; }
 td.FAIL { color: #c62828; font-weight: bold; } td.PASS { color: #2e7d32; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; } .plot svg { max-width: 100%; height: auto; }
 .muted { color: #777; }
-"""
+""" + fleet.STYLE
 
 
 def _e(value: Any) -> str:
@@ -49,7 +55,7 @@ def _table(headers: list[str], rows: list[list[str]], row_classes: list[str] | N
     head = "".join(f"<th>{h}</th>" for h in headers)
     body = "".join(f'<tr class="{(row_classes or [""] * len(rows))[i]}">' + "".join(f"<td>{c}</td>" for c in row)
                    + "</tr>" for i, row in enumerate(rows))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _where(report: dict[str, Any], rank: int) -> str:
@@ -128,9 +134,21 @@ def _sweeps(runs: list[tuple[str, dict[str, Any]]], references: list[tuple[str, 
                 times.append((f"nccl-tests {placement} ({name})", sizes, [m[0] for _, m in measured], style))
     if not busbw:
         return '<p class="muted">No busbw sweep in these reports (the bandwidth checks did not run).</p>'
+    if len(runs) > FLEET_RUNS:
+        busbw, times = _legend_extremes(busbw), _legend_extremes(times)
     html_busbw = plots.sweep(busbw, thresholds, "all_reduce bus bandwidth vs message size", "busbw (GB/s)")
     html_time = plots.sweep(times, [], "all_reduce time vs message size", "time (us, log scale)", log_y=True)
     return f'<div class="plot" id="busbw-plot">{html_busbw}</div><div class="plot" id="time-plot">{html_time}</div>'
+
+
+def _legend_extremes(lines: list[tuple[str, list[int], list[float], str]], shown: int = 3
+                     ) -> list[tuple[str, list[int], list[float], str]]:
+    """Every line is drawn, but the legend names only the `shown` lowest and highest at the largest size
+    (matplotlib leaves out labels starting with '_')."""
+    order = sorted(range(len(lines)), key=lambda i: lines[i][2][-1])
+    named = set(order[:shown] + order[-shown:])
+    return [(label if i in named else f"_{label}", sizes, values, style)
+            for i, (label, sizes, values, style) in enumerate(lines)]
 
 
 def _per_gpu(runs: list[tuple[str, dict[str, Any]]]) -> str:
@@ -161,23 +179,66 @@ def _per_gpu(runs: list[tuple[str, dict[str, Any]]]) -> str:
     return f'<div class="plots">{"".join(charts)}</div>'
 
 
+def _known(value: Any) -> str:
+    """A count the report does not know (no rank started) shows as '-', never as None."""
+    return _e(value) if value is not None else '<span class="muted">-</span>'
+
+
+def _summary(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    table = _table(["run", "verdict", "exit code", "why", "checks (passed / failed / skipped / not run)",
+                    "ranks", "nodes", "wall time"],
+                   [[_e(label), _e(r.get("verdict")), _e(r.get("exit_code")), _e(r.get("message", "")),
+                     _e("{passed} / {failed} / {skipped} / {not_run}".format(
+                         **{k: r.get("counts", {}).get(k, "?") for k in ("passed", "failed", "skipped",
+                                                                          "not_run")})),
+                     _known(r.get("world", {}).get("size")), _known(r.get("world", {}).get("nodes")),
+                     _e(f"{r.get('wall_time_s') or 0:.1f} s")] for label, r in runs],
+                   [("FAIL" if r.get("verdict") != "OK" else "") for _, r in runs])
+    if len(runs) <= FLEET_RUNS:
+        return table
+    verdicts = [r.get("verdict", "FAILED") for _, r in runs]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICT_ORDER if v in verdicts)
+    return f"<p>{len(runs)} runs: {_e(counts)}.</p><details><summary>Every run</summary>{table}</details>"
+
+
+def _failing(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """The failing checks of every run, and the runs that did not pass although no check failed (nothing ran,
+    bad input, a dead rank): those say why instead."""
+    failing = [_checks(report, label if len(runs) > 1 else None, only_failed=True) for label, report in runs]
+    tables = "".join(table for table, count in failing if count)
+    unexplained = [(label, report) for (label, report), (_, count) in zip(runs, failing, strict=True)
+                   if not count and report.get("verdict") != "OK"]
+    notes = "".join(f"<p><b>{_e(label)}</b>: no check failed, but the run did not pass: "
+                    f"{_e(report.get('message') or report.get('exit_meaning') or 'no reason recorded')} (exit code "
+                    f"{_e(report.get('exit_code'))})</p>" for label, report in unexplained)
+    return tables + notes or "<p>None: every check that ran passed.</p>"
+
+
+def _per_run(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    parts = []
+    for label, report in runs:
+        tables = f"<h3>{_e(label)}</h3><h4>Checks (failing first)</h4>{_checks(report)[0]}" \
+                 f"<h4>Nodes</h4>{_nodes(report)}"
+        if len(runs) > FLEET_RUNS:  # folded, the failing runs open
+            opened = " open" if report.get("verdict") != "OK" else ""
+            tables = f"<details{opened}><summary>{_e(label)}: {_e(report.get('verdict'))}</summary>{tables}</details>"
+        parts.append(tables)
+    return "".join(parts)
+
+
 def render(runs: list[tuple[str, dict[str, Any]]],
            references: list[tuple[str, list[nccl_tests.Row]]] = ()) -> str:
     verdict = max((r.get("verdict", "FAILED") for _, r in runs),
                   key=lambda v: VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER))
-    summary = _table(["run", "verdict", "exit code", "why", "checks (passed / failed / skipped / not run)",
-                      "ranks", "nodes", "wall time"],
-                     [[_e(label), _e(r.get("verdict")), _e(r.get("exit_code")), _e(r.get("message", "")),
-                       _e("{passed} / {failed} / {skipped} / {not_run}".format(
-                           **{k: r.get("counts", {}).get(k, "?") for k in ("passed", "failed", "skipped",
-                                                                            "not_run")})),
-                       _e(r.get("world", {}).get("size")), _e(r.get("world", {}).get("nodes")),
-                       _e(f"{r.get('wall_time_s', 0):.1f} s")] for label, r in runs],
-                     [("FAIL" if r.get("verdict") != "OK" else "") for _, r in runs])
-    failing = [_checks(report, label if len(runs) > 1 else None, only_failed=True) for label, report in runs]
-    failing_html = "".join(table for table, count in failing if count) or "<p>None: every check that ran passed.</p>"
-    per_run = "".join(f"<h3>{_e(label)}</h3><h4>Checks (failing first)</h4>{_checks(report)[0]}"
-                      f"<h4>Nodes</h4>{_nodes(report)}" for label, report in runs)
+    # The maps are for many nodes; runs of one node (before and after a change) compare in their own tables.
+    nodes = {n.get("node") for _, r in runs for n in r.get("nodes", [])}
+    maps = (f"<h2>Fleet: node &times; check</h2>{fleet.check_map(runs)}"
+            f"<h2>Fleet: per-GPU figures, node &times; GPU</h2>{fleet.gpu_maps(runs)}") if len(nodes) > 1 else ""
+    if len(runs) > FLEET_RUNS:
+        per_gpu = (f'<p class="muted">{len(runs)} runs: each figure per GPU is drawn once for the fleet, as the node '
+                   "&times; GPU maps above.</p>")
+    else:
+        per_gpu = _per_gpu(runs)
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     title = f"stackproof report: {verdict} ({len(runs)} run{'s' if len(runs) > 1 else ''})"
     code = {"OK": Exit.OK, "INTERRUPTED": Exit.INTERRUPTED}.get(verdict, Exit.FAILED)
@@ -187,15 +248,16 @@ def render(runs: list[tuple[str, dict[str, Any]]],
 <h1>{_e(title)}</h1>
 <div class="verdict {_e(verdict)}" id="verdict">Verdict: {_e(verdict)} ({_e(code.meaning if verdict == "OK" else
     "at least one run did not pass")})</div>
-{summary}
+{_summary(runs)}
+{maps}
 <h2>Failing checks</h2>
-{failing_html}
+{_failing(runs)}
 <h2>all_reduce bandwidth and time</h2>
 {_sweeps(runs, list(references))}
 <h2>Per-GPU and per-rank figures</h2>
-{_per_gpu(runs)}
+{per_gpu}
 <h2>Every check, per run</h2>
-{per_run}
+{_per_run(runs)}
 <p class="muted">Made by stackproof {_e(__version__)} on {_e(created)} from report.json (docs/report-format.md).</p>
 </body></html>
 """

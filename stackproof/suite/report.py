@@ -256,32 +256,11 @@ class Report:
             ET.SubElement(case, "error", message=self.exit_code.meaning).text = self.message
         return ET.tostring(_wrap(suite), encoding="unicode") + "\n"
 
-    # node_exporter's textfile collector format: a gauge per check outcome and per figure, by node and GPU.
+    # node_exporter's textfile collector format (stackproof/suite/metrics.py: the names the alert rules use).
     def prometheus(self) -> str:
-        lines = ["# HELP stackproof_verdict_exit_code stackproof validate's exit code (0 = every check passed)",
-                 "# TYPE stackproof_verdict_exit_code gauge", f"stackproof_verdict_exit_code {int(self.exit_code)}",
-                 "# HELP stackproof_check_passed 1 if the check passed on this node, 0 if it failed; skipped: absent",
-                 "# TYPE stackproof_check_passed gauge"]
-        nodes = self.nodes() or [{"node": "", "ranks": [], "failed_checks": []}]
-        for check in self.checks:
-            if check.outcome == "skipped":
-                continue
-            for node in nodes:
-                failed = check.outcome == "failed" and (not node["ranks"] or not check.failed_ranks or any(
-                    f["check"] == check.name for f in node["failed_checks"]))
-                lines.append(f"stackproof_check_passed{_labels(check=check.name, node=node['node'])} {int(not failed)}")
-        lines += ["# HELP stackproof_figure a measured figure; the unit is a label",
-                  "# TYPE stackproof_figure gauge"]
-        gpu_of = {i["rank"]: (i["node"], str((i.get("gpu") or {}).get("uuid", ""))) for i in self.ranks}
-        for check in self.checks:
-            for rank, figures in [(0, check.figures), *check.rank_figures.items()]:
-                node, gpu = gpu_of.get(rank, ("", ""))
-                for name, figure in figures.items():
-                    if isinstance(figure.value, (int, float)) and not isinstance(figure.value, bool):
-                        labels = _labels(check=check.name, figure=name, unit=figure.unit, node=node, gpu=gpu,
-                                         rank=str(rank))
-                        lines.append(f"stackproof_figure{labels} {figure.value}")
-        return "\n".join(lines) + "\n"
+        from stackproof.suite import metrics
+
+        return metrics.textfile(self)
 
     # The terminal: the check table, the node table (more than one node), the verdict.
     def table(self) -> str:
@@ -340,13 +319,6 @@ def _wrap(suite: ET.Element) -> ET.Element:
     root = ET.Element("testsuites")
     root.append(suite)
     return root
-
-
-def _labels(**labels: str) -> str:
-    def escape(value: str) -> str:
-        return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-    return "{" + ",".join(f'{k}="{escape(v)}"' for k, v in labels.items() if v != "") + "}"
 
 
 def _replace(path: Path, text: str) -> None:
