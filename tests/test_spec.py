@@ -18,7 +18,7 @@ from stackproof.suite import topology
 FIXTURE = Path(__file__).parent / "fixtures" / "spec" / "h200x2-report.json"
 H200 = {"gpu_count": 2, "gpu_model": "NVIDIA H200", "memory_total_mib": 143771, "nvlinks_up": 18, "pcie_gen": 5,
         "pcie_width": 16, "ecc_enabled": True, "persistence_mode": True, "mig_enabled": False,
-        "driver_version": "580.159.04", "vbios_version": "96.00.A5.00.01", "power_limit_w": 700.0}
+        "driver_version": "580.159.04", "vbios_version": "96.00.A5.00.1A", "power_limit_w": 700.0}
 
 
 @pytest.fixture
@@ -184,7 +184,7 @@ def test_a_gpu_off_its_models_vbios_is_named_with_its_index(good):
     odd = spec.odd_nodes(nodes(good, ["580.159.04"] * 2, vbios={("n2", 1): "96.00.74.00.01"}))
     (finding,) = odd["n2"]
     assert finding.gpu_index == 1 and finding.found == "96.00.74.00.01"
-    assert finding.expected == "the VBIOS of the other NVIDIA H200 GPUs (96.00.A5.00.01)"
+    assert finding.expected == "the VBIOS of the other NVIDIA H200 GPUs (96.00.A5.00.1A)"
 
 
 def test_nodes_that_agree_and_a_lone_node_name_nobody(good):
