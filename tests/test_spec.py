@@ -212,22 +212,21 @@ def test_spec_command_writes_a_spec_and_refuses_to_overwrite_a_report(tmp_path):
     assert json.loads(disguised.read_text())["schema"] == "stackproof.report/1"
 
 
-def test_spec_from_a_cpu_run_is_refused_and_validate_spec_on_cpu_is_not_ok(tmp_path):
-    """A real CPU run has no GPU facts to make a spec from; a CPU host validated --spec could not be held to
-    it, so the run is not OK (exit 4, naming the check), never a PASS."""
-    proc, report = validate(tmp_path / "cpu", "--expect-gpus", "0", "--nproc", "1", "-k", "dev_shm or node_spec")
-    assert proc.returncode == Exit.OK, proc.stdout[-3000:]
-    refused = stackproof("spec", tmp_path / "cpu" / "reports", "-o", tmp_path / "spec.json")
-    assert refused.returncode == Exit.USAGE and "Traceback" not in refused.stderr
-    assert "field 'tables.per_gpu_facts': expected each GPU's facts" in refused.stderr
-    assert not (tmp_path / "spec.json").exists()
-    stackproof("spec", FIXTURE, "-o", tmp_path / "spec.json")
-    proc, report = validate(tmp_path / "held", "--expect-gpus", "0", "--nproc", "1", "--spec", tmp_path / "spec.json",
+def test_validate_spec_on_cpu_is_not_ok_and_its_report_makes_no_spec(tmp_path):
+    """A CPU host validated --spec could not be held to it: the run is not OK (exit 4, naming the check),
+    never a PASS. And a real CPU run's report has no GPU facts to make a spec from."""
+    assert stackproof("spec", FIXTURE, "-o", tmp_path / "spec.json").returncode == 0
+    proc, report = validate(tmp_path, "--expect-gpus", "0", "--nproc", "1", "--spec", tmp_path / "spec.json",
                             "-k", "dev_shm or node_spec")
     assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-3000:]
     assert report["promise"]["not_judged"] == ["node_spec::matches_the_spec: skipped: needs a CUDA GPU; this run "
                                                "is on CPU (gloo)"]
     assert "not judged: node_spec::matches_the_spec" in report["message"]
+    assert report["checks"][0]["outcome"] == "passed"  # dev_shm: judged, but the promise is not kept
+    refused = stackproof("spec", tmp_path / "reports", "-o", tmp_path / "again.json")
+    assert refused.returncode == Exit.USAGE and "Traceback" not in refused.stderr
+    assert "field 'tables.per_gpu_facts': expected each GPU's facts" in refused.stderr
+    assert not (tmp_path / "again.json").exists()
 
 
 def test_validate_refuses_a_bad_spec_before_any_rank_starts(tmp_path):

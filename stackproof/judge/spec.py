@@ -140,15 +140,16 @@ def _text(value: Any) -> str:
 # Making a spec from known-good runs.
 
 def refuse_unless_good(source: str, report: Mapping[str, Any]) -> None:
-    """A spec made from failing runs would hold later runs to a broken machine: refused, exit 2."""
-    if report.get("verdict") != "OK" or report.get("exit_code") != 0 or not report.get("complete"):
-        raise ConfigError(f"{source}: field 'verdict': expected OK (a complete run where every check passed), "
-                          f"found {report.get('verdict')!r} (exit code {report.get('exit_code')}: "
-                          f"{report.get('message')}); fix: leave this report out")
+    """A report without GPU facts (a CPU run) has nothing to make a spec from; a spec made from failing runs
+    would hold later runs to a broken machine. Both refused, exit 2."""
     if not (report.get("tables") or {}).get(TABLE):
         raise ConfigError(f"{source}: field 'tables.{TABLE}': expected each GPU's facts (written by the "
                           f"{CHECK} checks of a run on GPUs), found none; fix: give reports of `stackproof validate` "
                           "on the GPUs (--tier fast is enough), not CPU runs or runs of an older stackproof")
+    if report.get("verdict") != "OK" or report.get("exit_code") != 0 or not report.get("complete"):
+        raise ConfigError(f"{source}: field 'verdict': expected OK (a complete run where every check passed), "
+                          f"found {report.get('verdict')!r} (exit code {report.get('exit_code')}: "
+                          f"{report.get('message')}); fix: leave this report out")
 
 
 def make_spec(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
