@@ -1,7 +1,7 @@
 """The command line: `stackproof validate` proves a machine + image; `stackproof healthcheck` / `act` drain or
-taint a node that failed; `stackproof baseline` and `report` turn reports into a baseline and an HTML page;
-`stackproof bench` prints figures; `stackproof images ...` keeps the matrix, locks and build plan consistent.
-Errors print one line (what was expected, what was found, the fix), no traceback.
+taint a node that failed; `stackproof baseline`, `spec` and `report` turn reports into a baseline, a node spec
+and an HTML page; `stackproof bench` prints figures; `stackproof images ...` keeps the matrix, locks and build
+plan consistent. Errors print one line (what was expected, what was found, the fix), no traceback.
 Exit codes: errors.Exit."""
 
 from __future__ import annotations
@@ -76,6 +76,18 @@ def _baseline_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the baseline JSON to write")
 
 
+def _spec_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("spec", help="make a node spec (GPU count and model, memory, NVLinks, PCIe, ECC, "
+                                    "persistence, MIG, driver, VBIOS, power limit) from known-good reports, for "
+                                    "validate --spec",
+                       description="Read passing report.json files (or reports folders) of GPU runs and write "
+                                   "what each kind of node (GPU model, GPUs per node) should be, for `validate "
+                                   "--spec` (see docs/spec.md). Failing reports, CPU runs and values that differ "
+                                   "between the runs are refused (exit 2).")
+    p.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="report.json files or reports folders")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the spec JSON to write")
+
+
 def _report_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="one self-contained HTML page of runs: verdicts, checks, nodes, busbw and "
                                       "per-GPU plots (needs stackproof[report])",
@@ -122,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _verdict_parser(sub)
     _act_parsers(sub)
     _baseline_parser(sub)
+    _spec_parser(sub)
     _report_parser(sub)
     _images_parser(sub)
     _bench_parser(sub)
@@ -174,6 +187,33 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spec(args: argparse.Namespace) -> int:
+    import json
+
+    from stackproof.judge import spec
+    from stackproof.suite.report import REPORT_FILE, SCHEMA, read_report
+
+    out: Path = args.output
+    if out.is_dir() or out.name == REPORT_FILE or out.resolve() in {p.resolve() for p in args.reports}:
+        raise ConfigError(f"-o {out}: expected the path of a new spec file, found "
+                          f"{'a folder' if out.is_dir() else 'a report'}; writing there would replace it; fix: "
+                          "-o spec.json")
+    try:
+        existing = json.loads(out.read_text()) if out.is_file() else None
+    except (OSError, ValueError):
+        existing = None
+    if isinstance(existing, dict) and existing.get("schema") == SCHEMA:
+        raise ConfigError(f"-o {out}: expected the path of a spec file, found a report.json ({SCHEMA}); writing "
+                          "there would replace it; fix: -o spec.json")
+    made = spec.make_spec({str(path): read_report(path) for path in args.reports})
+    out.write_text(json.dumps(made, indent=2) + "\n")
+    for entry in made["entries"]:
+        print(f"# {spec.key_text(entry['key'])}: from {len(entry['reports'])} report(s): "
+              + ", ".join(f"{k}={v}" for k, v in entry["expect"].items()))
+    print(f"# spec: {out}")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from stackproof.pictures import page
 
@@ -223,7 +263,7 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
-                "baseline": _baseline, "report": _report, "images": _images, "bench": _bench}
+                "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

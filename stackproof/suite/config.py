@@ -9,6 +9,7 @@ import dataclasses
 import os
 
 from stackproof.errors import ConfigError
+from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
 from stackproof.settings import Settings, at_least, flag_of, fraction, option, parse_bytes, positive
 from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.suite.health import KERNEL_LOG
@@ -91,6 +92,9 @@ class ValidateConfig(Settings):
                                         "topology", metavar="PATH", check=baseline_problem)
     baseline_tolerance: float = option(0.05, "how much worse than its baseline a figure may be, as a fraction of the "
                                              "baseline", metavar="F", check=positive)
+    spec: str | None = option(None, "hold each node's GPUs to this node spec (made by `stackproof spec` from "
+                                    "known-good runs; docs/spec.md): count, model, memory, NVLinks, PCIe, ECC, "
+                                    "persistence, MIG, driver, VBIOS, power limit", metavar="PATH", check=spec_problem)
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")

@@ -21,6 +21,7 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import ConfigError, Exit
+from stackproof.judge import verdict as promise
 from stackproof.judge.findings import CATEGORIES, SEVERITIES  # noqa: F401 (the plugin's import)
 
 SCHEMA = "stackproof.report/1"
@@ -124,13 +125,33 @@ class Report:
         done = {c.nodeid for c in self.checks}
         return [nodeid for nodeid in self.planned if nodeid not in done]
 
+    def _outcomes(self) -> list[tuple[str, str, str]]:
+        return [(c.name, c.outcome, c.message) for c in self.checks]
+
+    def unjudged(self) -> list[str]:
+        """The checks this run's tier promises on this kind of host that it did not judge (judge/verdict.py)."""
+        if not self.complete:
+            return []
+        return promise.unjudged(self._outcomes(), [Check(n).name for n in self.planned], self.settings, self.world)
+
+    def left_out(self) -> list[str]:
+        """The promised checks -k left out: said, not held against the run."""
+        if not self.complete:
+            return []
+        return promise.left_out([Check(n).name for n in self.planned], self.settings, self.world)
+
     @property
     def exit_code(self) -> Exit:
         if self.override:
             return Exit(self.override[0])
         if not self.complete or not self.checks or self.not_run():
             return Exit.INCOMPLETE
-        return Exit.FAILED if self.counts()["failed"] else Exit.OK
+        if self.counts()["failed"]:
+            return Exit.FAILED
+        # No PASS without a judgement: nothing judged, or a promised check not judged, is not a proof.
+        if promise.nothing_judged(self._outcomes()) or self.unjudged():
+            return Exit.INCOMPLETE
+        return Exit.OK
 
     @property
     def message(self) -> str:
@@ -143,6 +164,13 @@ class Report:
         missing = self.not_run()
         if missing:
             return f"{len(missing)} of {len(self.planned)} checks never ran, from {Check(missing[0]).name}"
+        if self.exit_code == Exit.INCOMPLETE:
+            nothing = promise.nothing_judged(self._outcomes())
+            if nothing:
+                return f"no check was judged: {nothing}"
+            kind, tier = promise.host_kind(self.world), self.settings.get("tier", "full")
+            return (f"not judged: {'; '.join(self.unjudged())} (tier {tier} on a {kind.upper()} host promises "
+                    "these: docs/report-format.md)")
         return self.exit_code.meaning
 
     # Identity: which node and GPU each rank is.
@@ -201,6 +229,8 @@ class Report:
             "counts": {**self.counts(), "planned": len(self.planned), "not_run": len(self.not_run())},
             "checks": [c.to_json() for c in self.checks],
             "not_run": [Check(n).name for n in self.not_run()],
+            "promise": {"host": promise.host_kind(self.world), "tier": self.settings.get("tier"),
+                        "not_judged": self.unjudged(), "left_out_by_selection": self.left_out()},
             "planned": self.planned,
             "tables": self.tables,
             "context": self.context,
@@ -282,6 +312,10 @@ class Report:
         lines.append(f"# Out of {len(self.planned) or len(self.checks)} checks: {counts['passed']} passed, "
                      f"{counts['failed']} failed, {counts['skipped']} skipped, {len(self.not_run())} not run; "
                      f"wall time {wall:.1f} s")
+        left_out = self.left_out()
+        if left_out:
+            lines.append(f"# the selection left out {len(left_out)} check(s) this tier promises, not proven here: "
+                         f"{', '.join(left_out)}")
         if code not in (Exit.OK, Exit.FAILED) or self.override:
             lines.append(f"# {self.message}")
         lines.append(f"# Verdict: {code.verdict} (exit code {int(code)}: {code.meaning})")

@@ -1,0 +1,105 @@
+"""No PASS without a judgement: which checks each tier promises on each kind of host, and which of them a run
+did not judge (docs/report-format.md, "What a run promises").
+
+A check is judged when it passed or failed. A skipped check was not judged (no bar, no GPU, nothing to compare
+with), and neither was a promised check that never ran. A run that judged no check at all, or left a promised
+check unjudged, is not OK: exit 4, the run did not complete its proof. Not exit 1: no check found the machine
+at fault, so nothing is to be drained for it (stackproof/act acts on exit 1 only).
+
+`-k` (or pytest arguments after `--`) is a person choosing to prove less: the promise shrinks to the checks
+the selection holds, and the checks it left out are named (`left_out`), not held against the run.
+
+Pure: plain report.json data in, names out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+HOST_KINDS = ("gpu", "cpu")
+JUDGED = ("passed", "failed")
+
+# What each tier promises, by host kind: check names (module::check: every parametrization of it;
+# module::check[params]: that one), or a module (`module::`: every check of it). The checks whose bars every
+# machine of the kind has: on a GPU host its identity and health, silent data corruption, memory and host
+# links; on CPU ranks, what gloo can judge.
+# Not promised: checks whose bar may be absent for a reason that is not a fault (GEMM: no table for the GPU's
+# architecture; busbw across nodes without --min-busbw; pairs of 2 CPU ranks; stragglers on shared cores).
+_FAST_GPU = ("host::dev_shm_is_large_enough", "gpus::torch_sees_the_expected_gpus",
+             "gpus::driver_supports_the_image_cuda", "gpus::every_gpu_computes", "per_gpu::health_history",
+             "per_gpu::sdc_digest", "per_gpu::hbm_bandwidth", "per_gpu::host_device_copies")
+_FAST_CPU = ("host::dev_shm_is_large_enough",)
+PROMISES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("fast", "gpu"): _FAST_GPU,
+    ("fast", "cpu"): _FAST_CPU,
+    ("full", "gpu"): (*_FAST_GPU, "collectives::", "ddp_resnet::", "compile::"),
+    # gloo cannot average integers: on CPU ranks all_reduce is promised for the sum of float32.
+    ("full", "cpu"): (*_FAST_CPU, "collectives::barrier", "collectives::all_reduce[sum-float32]",
+                      "collectives::broadcast", "collectives::all_gather", "collectives::reduce_scatter",
+                      "ddp_resnet::", "compile::"),
+}
+# Promised when its setting is given, on every host and tier: a person asked for this bar.
+PROMISED_BY_SETTING = {"spec": "node_spec::matches_the_spec"}
+
+
+def host_kind(world: Mapping[str, Any]) -> str:
+    """GPU ranks run NCCL; CPU ranks gloo."""
+    return "gpu" if world.get("backend") == "nccl" else "cpu"
+
+
+def base_name(name: str) -> str:
+    """collectives::all_reduce[sum-float32] -> collectives::all_reduce."""
+    return name.split("[", 1)[0]
+
+
+def covers(promise: str, name: str) -> bool:
+    if promise.endswith("::"):
+        return name.startswith(promise)
+    return name == promise if "[" in promise else base_name(name) == promise
+
+
+def promises(tier: str, kind: str, settings: Mapping[str, Any]) -> tuple[str, ...]:
+    given = tuple(check for setting, check in PROMISED_BY_SETTING.items() if settings.get(setting))
+    return PROMISES[(tier, kind)] + given
+
+
+def narrowed(settings: Mapping[str, Any]) -> bool:
+    """A person selected the checks: -k, or pytest's own arguments after --."""
+    return bool(settings.get("select")) or bool(settings.get("pytest_args"))
+
+
+def unjudged(checks: Iterable[tuple[str, str, str]], planned: Iterable[str], settings: Mapping[str, Any],
+             world: Mapping[str, Any]) -> list[str]:
+    """The promised checks this run did not judge, each with why: `name: skipped: <reason>` or `name: not run`.
+    `checks`: (name, outcome, message) of every check that reported; `planned`: the selected checks' names."""
+    checks, planned = list(checks), list(planned)
+    said = []
+    for promise in promises(str(settings.get("tier", "full")), host_kind(world), settings):
+        mine = [c for c in checks if covers(promise, c[0])]
+        if not mine and not any(covers(promise, name) for name in planned):
+            if not narrowed(settings):
+                said.append(f"{promise.removesuffix('::')}: not in this run's suite")
+            continue
+        said += [f"{name}: skipped: {message.splitlines()[0] if message else 'no reason given'}"
+                 for name, outcome, message in mine if outcome not in JUDGED]
+    return said
+
+
+def left_out(planned: Iterable[str], settings: Mapping[str, Any], world: Mapping[str, Any]) -> list[str]:
+    """The promised checks a -k selection left out (said in the report; not held against the run)."""
+    if not narrowed(settings):
+        return []
+    planned = list(planned)
+    return [promise.removesuffix("::") for promise in promises(str(settings.get("tier", "full")), host_kind(world),
+                                                               settings)
+            if not any(covers(promise, name) for name in planned)]
+
+
+def nothing_judged(checks: Iterable[tuple[str, str, str]]) -> str | None:
+    """Why no check was judged (every one skipped), or None."""
+    checks = list(checks)
+    if not checks or any(outcome in JUDGED for _, outcome, _ in checks):
+        return None
+    name, _, message = checks[0]
+    return f"every check skipped, e.g. {name}: {message.splitlines()[0] if message else 'no reason given'}"

@@ -1,0 +1,237 @@
+"""The node spec (stackproof/judge/spec.py, docs/spec.md): made from known-good reports, enforced per node,
+and the nodes of a job compared without one. Judged from recorded report.json data (no torch, no GPU): the
+H200 facts of tests/fixtures/spec/, with one fact at a time broken as NVML would report it. The CLI runs for
+real: `stackproof spec` on the fixture and on a real CPU run, `validate --spec` refusing a bad file before any
+rank starts and, on CPU, not passing a run whose GPUs it could not hold to the spec."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from test_validate_cpu import stackproof, validate
+
+from stackproof.errors import ConfigError, Exit
+from stackproof.judge import spec
+from stackproof.suite import topology
+
+FIXTURE = Path(__file__).parent / "fixtures" / "spec" / "h200x2-report.json"
+H200 = {"gpu_count": 2, "gpu_model": "NVIDIA H200", "memory_total_mib": 143771, "nvlinks_up": 18, "pcie_gen": 5,
+        "pcie_width": 16, "ecc_enabled": True, "persistence_mode": True, "mig_enabled": False,
+        "driver_version": "580.159.04", "vbios_version": "96.00.A5.00.1A", "power_limit_w": 700.0}
+
+
+@pytest.fixture
+def good():
+    return json.loads(FIXTURE.read_text())
+
+
+@pytest.fixture
+def made(good):
+    return spec.make_spec({"good": good})
+
+
+def rows_of(report):
+    return copy.deepcopy(report["tables"][spec.TABLE])
+
+
+def test_a_spec_is_what_the_known_good_runs_agree_on(made):
+    assert made["schema"] == spec.SCHEMA
+    (entry,) = made["entries"]
+    assert entry["key"] == {"gpu": "NVIDIA H200", "gpus_per_node": 2}
+    assert entry["expect"] == H200 and entry["reports"] == ["good"]
+    assert spec.parse(json.loads(json.dumps(made)), "x") == made  # what it writes, it reads back
+
+
+def test_a_healthy_node_matches_its_spec(made, good):
+    assert spec.judge_spec(made, rows_of(good)) == []
+
+
+@pytest.mark.parametrize(("field", "value", "found", "category", "severity"), [
+    ("ecc_enabled", False, "off", "configuration", "reset"),
+    ("persistence_mode", False, "off", "configuration", "triage"),
+    ("mig_enabled", True, "on", "configuration", "reset"),
+    ("vbios_version", "96.00.74.00.01", "96.00.74.00.01", "configuration", "triage"),
+    ("power_limit_w", 500.0, "500", "configuration", "triage"),
+    ("memory_total_mib", 143771 - 512, "143259", "gpu-hardware", "isolate"),
+    ("nvlinks_up", 17, "17", "interconnect", "reset"),
+    ("pcie_gen", 3, "3", "interconnect", "triage"),
+    ("pcie_width", 8, "8", "interconnect", "triage"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_one_fact_off_the_spec_is_a_finding_on_that_gpu(made, good, field, value, found, category, severity):
+    rows = rows_of(good)
+    rows[1][field] = value
+    (finding,) = spec.judge_spec(made, rows)
+    assert (finding.gpu_index, finding.uuid) == (1, rows[1]["uuid"])
+    assert finding.expected == spec._text(H200[field]) and finding.found == found
+    assert (finding.category, finding.severity) == (category, severity) and finding.action
+    assert spec.RULE[field].words in finding.check
+
+
+def test_a_node_with_another_driver_is_a_node_finding(made, good):
+    rows = rows_of(good)
+    for row in rows:
+        row["driver_version"] = "570.86.10"
+    (finding,) = spec.judge_spec(made, rows)
+    assert finding.gpu_index is None and (finding.expected, finding.found) == ("580.159.04", "570.86.10")
+    assert finding.category == "configuration" and "install the spec's driver" in finding.action
+
+
+def test_a_gpu_missing_from_the_node_is_named(made, good):
+    (finding,) = spec.judge_spec(made, rows_of(good)[:1])
+    assert "GPUs on the node" in finding.check and (finding.expected, finding.found) == ("2", "1")
+    assert (finding.category, finding.severity) == ("gpu-hardware", "isolate")
+
+
+def test_another_gpu_model_is_not_held_to_this_spec(made, good):
+    rows = rows_of(good)
+    for row in rows:
+        row["gpu_model"] = "NVIDIA H100 80GB HBM3"
+    (finding,) = spec.judge_spec(made, rows)
+    assert finding.found == "NVIDIA H100 80GB HBM3" and "NVIDIA H200 x 2" in finding.expected
+
+
+def test_a_reading_nvml_could_not_give_is_a_finding_naming_the_nvml_error(made, good):
+    rows = rows_of(good)
+    rows[0]["ecc_enabled"] = None
+    rows[0]["nvml_errors"] = {"ECC mode": "NVML error Unknown Error"}
+    (finding,) = spec.judge_spec(made, rows)
+    assert finding.gpu_index == 0 and finding.found == "n/a (ECC mode: NVML error Unknown Error)"
+
+
+def test_facts_of_a_gpu_with_readings_missing_do_not_break(made, good):
+    """topology.Gpu as read_gpu leaves it when NVML answers NotSupported or fails: None, 0, errors kept."""
+    gpu = topology.Gpu(index=0, name="NVIDIA H200", uuid="GPU-1", memory_total_bytes=143771 << 20,
+                       nvml_errors={"VBIOS version": "NVML error GPU is lost"})
+    row = spec.row_of(gpu, None, "n1", 0)
+    assert row["pcie_gen"] is None and row["vbios_version"] is None and row["nvlinks_up"] == 0
+    json.dumps(row)
+    found = {f.check.removeprefix("node_spec "): f.found for f in spec.judge_spec(made, [row, rows_of(good)[1]])}
+    assert found["VBIOS"] == "n/a (VBIOS version: NVML error GPU is lost)"
+    assert found["NVLinks up"] == "0" and "NVIDIA driver" not in found  # the node's other GPU read the driver
+    lost = spec.unread_row("n1", 1, "NVMLError_GpuIsLost: GPU is lost")
+    assert spec.key_of([row, lost]) == {"gpu": "NVIDIA H200", "gpus_per_node": 2}
+    assert len(spec.judge_spec(made, [rows_of(good)[0], lost])) == len(spec.FIELDS) - 2  # model/count fit
+
+
+def test_a_null_field_of_the_spec_is_not_compared(made, good):
+    made["entries"][0]["expect"]["power_limit_w"] = None
+    rows = rows_of(good)
+    rows[0]["power_limit_w"] = 300.0
+    assert spec.judge_spec(made, rows) == []
+
+
+def test_a_spec_refuses_failed_runs_cpu_runs_and_values_that_differ(good):
+    failed = {**good, "verdict": "FAILED", "exit_code": 1, "message": "a check failed"}
+    with pytest.raises(ConfigError, match=r"r1: field 'verdict': expected OK .* found 'FAILED' .*fix: leave"):
+        spec.make_spec({"r1": failed})
+    cpu = {**good, "tables": {}}
+    with pytest.raises(ConfigError, match=r"cpu: field 'tables.per_gpu_facts': expected each GPU's facts"):
+        spec.make_spec({"cpu": cpu})
+    other = copy.deepcopy(good)
+    for row in other["tables"][spec.TABLE]:
+        row["driver_version"] = "570.86.10"
+    with pytest.raises(ConfigError) as err:
+        spec.make_spec({"a.json": good, "b.json": other})
+    said = str(err.value)
+    assert "driver_version: 580.159.04 on h200-1 (a.json), 570.86.10 on h200-1 (b.json)" in said
+    assert "fix: leave out the reports of the odd nodes" in said
+
+
+def test_a_bad_spec_file_names_the_field(tmp_path, made):
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({**made, "schema": "stackproof.spec/0"}))
+    assert "field 'schema': expected 'stackproof.spec/1', found 'stackproof.spec/0'" in spec.problem(str(path))
+    broken = copy.deepcopy(made)
+    broken["entries"][0]["expect"]["colour"] = "green"
+    path.write_text(json.dumps(broken))
+    assert "field 'entries[0].expect'" in spec.problem(str(path))
+    path.write_text("{")
+    assert "expected a node spec JSON made by `stackproof spec`" in spec.problem(str(path))
+    path.write_text(json.dumps(made))
+    assert spec.problem(str(path)) is None
+
+
+def nodes(good, drivers, vbios=None):
+    """Facts of len(drivers) nodes like the fixture's, node n<i> with drivers[i]."""
+    found = {}
+    for i, driver in enumerate(drivers, 1):
+        rows = rows_of(good)
+        for row in rows:
+            row.update(node=f"n{i}", driver_version=driver, uuid=f"{row['uuid']}-n{i}")
+        found[f"n{i}"] = rows
+    for (node, gpu), version in (vbios or {}).items():
+        found[node][gpu]["vbios_version"] = version
+    return found
+
+
+def test_two_nodes_with_different_drivers_are_both_named(good):
+    """n2's driver differs; with two nodes neither is the majority, so both are named."""
+    odd = spec.odd_nodes(nodes(good, ["580.159.04", "570.86.10"]))
+    assert sorted(odd) == ["n1", "n2"]
+    (finding,) = odd["n2"]
+    assert finding.found == "570.86.10" and "a tie: 580.159.04 on n1" in finding.expected
+    assert finding.gpu_index is None and finding.category == "configuration"
+
+
+def test_the_node_off_the_majority_driver_is_named_alone(good):
+    odd = spec.odd_nodes(nodes(good, ["580.159.04", "570.86.10", "580.159.04"]))
+    assert list(odd) == ["n2"]
+    assert odd["n2"][0].expected == "the driver of the other nodes (580.159.04)"
+
+
+def test_a_gpu_off_its_models_vbios_is_named_with_its_index(good):
+    odd = spec.odd_nodes(nodes(good, ["580.159.04"] * 2, vbios={("n2", 1): "96.00.74.00.01"}))
+    (finding,) = odd["n2"]
+    assert finding.gpu_index == 1 and finding.found == "96.00.74.00.01"
+    assert finding.expected == "the VBIOS of the other NVIDIA H200 GPUs (96.00.A5.00.1A)"
+
+
+def test_nodes_that_agree_and_a_lone_node_name_nobody(good):
+    assert spec.odd_nodes(nodes(good, ["580.159.04"] * 3)) == {}
+    assert spec.odd_nodes(nodes(good, ["570.86.10"])) == {}
+
+
+# The command line, for real.
+
+def test_spec_command_writes_a_spec_and_refuses_to_overwrite_a_report(tmp_path):
+    out = tmp_path / "spec.json"
+    made = stackproof("spec", FIXTURE, "-o", out)
+    assert made.returncode == 0, made.stderr
+    assert spec.load(out)["entries"][0]["expect"] == H200
+    assert "# NVIDIA H200 x 2: from 1 report(s): gpu_count=2" in made.stdout
+    copied = tmp_path / "r" / "report.json"
+    copied.parent.mkdir()
+    copied.write_text(FIXTURE.read_text())
+    disguised = tmp_path / "x.json"
+    disguised.write_text(FIXTURE.read_text())
+    for target, found in ((tmp_path, "found a folder"), (copied, "found a report"),
+                          (disguised, "found a report.json (stackproof.report/1)")):
+        refused = stackproof("spec", FIXTURE, "-o", target)
+        assert refused.returncode == Exit.USAGE and found in refused.stderr and "fix: -o spec.json" in refused.stderr
+    assert json.loads(disguised.read_text())["schema"] == "stackproof.report/1"
+
+
+def test_validate_spec_on_cpu_is_not_ok_and_its_report_makes_no_spec(tmp_path):
+    """A CPU host validated --spec could not be held to it: the run is not OK (exit 4, naming the check),
+    never a PASS. And a real CPU run's report has no GPU facts to make a spec from."""
+    assert stackproof("spec", FIXTURE, "-o", tmp_path / "spec.json").returncode == 0
+    proc, report = validate(tmp_path, "--expect-gpus", "0", "--nproc", "1", "--spec", tmp_path / "spec.json",
+                            "-k", "dev_shm or node_spec")
+    assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-3000:]
+    assert report["promise"]["not_judged"] == ["node_spec::matches_the_spec: skipped: needs a CUDA GPU; this run "
+                                               "is on CPU (gloo)"]
+    assert "not judged: node_spec::matches_the_spec" in report["message"]
+    assert report["checks"][0]["outcome"] == "passed"  # dev_shm: judged, but the promise is not kept
+    refused = stackproof("spec", tmp_path / "reports", "-o", tmp_path / "again.json")
+    assert refused.returncode == Exit.USAGE and "Traceback" not in refused.stderr
+    assert "field 'tables.per_gpu_facts': expected each GPU's facts" in refused.stderr
+    assert not (tmp_path / "again.json").exists()
+
+
+def test_validate_refuses_a_bad_spec_before_any_rank_starts(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"schema": "stackproof.spec/1", "entries": []}))
+    proc, report = validate(tmp_path, "--expect-gpus", "0", "--spec", tmp_path / "bad.json")
+    assert proc.returncode == Exit.USAGE and report is None
+    assert "--spec" in proc.stderr and "field 'entries': expected a non-empty list" in proc.stderr
+    assert "Traceback" not in proc.stderr
