@@ -58,7 +58,8 @@ def test_a_check_that_did_not_skip_but_is_not_in_the_suite_is_not_judged(recorde
     recorded["planned"] = [n for n in recorded["planned"] if n not in gone]
     report = settled(recorded)
     assert report.exit_code == Exit.INCOMPLETE
-    names = ("torch_sees_the_expected_gpus", "driver_supports_the_image_cuda", "every_gpu_computes")
+    names = ("torch_sees_the_expected_gpus", "gpus_have_what_they_should", "driver_supports_the_image_cuda",
+             "every_gpu_computes")
     assert report.unjudged() == [f"gpus::{name}: not in this run's suite" for name in names]
 
 

@@ -27,8 +27,9 @@ JUDGED = ("passed", "failed")
 # Not promised: checks whose bar may be absent for a reason that is not a fault (GEMM: no table for the GPU's
 # architecture; busbw across nodes without --min-busbw; pairs of 2 CPU ranks; stragglers on shared cores).
 _FAST_GPU = ("host::dev_shm_is_large_enough", "gpus::torch_sees_the_expected_gpus",
-             "gpus::driver_supports_the_image_cuda", "gpus::every_gpu_computes", "per_gpu::health_history",
-             "per_gpu::sdc_digest", "per_gpu::hbm_bandwidth", "per_gpu::host_device_copies")
+             "gpus::gpus_have_what_they_should", "gpus::driver_supports_the_image_cuda", "gpus::every_gpu_computes",
+             "per_gpu::health_history", "per_gpu::sdc_digest", "per_gpu::hbm_bandwidth",
+             "per_gpu::host_device_copies", "per_gpu::no_xid_during_the_run")
 _FAST_CPU = ("host::dev_shm_is_large_enough",)
 PROMISES: dict[tuple[str, str], tuple[str, ...]] = {
     ("fast", "gpu"): _FAST_GPU,
