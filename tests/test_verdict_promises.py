@@ -77,8 +77,9 @@ def test_k_narrows_the_promise_and_names_what_it_left_out(recorded):
     report = settled(recorded)
     assert report.exit_code == Exit.OK
     assert report.left_out() == ["host::dev_shm_is_large_enough", "gpus::torch_sees_the_expected_gpus",
-                                 "gpus::driver_supports_the_image_cuda", "gpus::every_gpu_computes"]
-    assert ("# the selection left out 4 check(s) this tier promises, not proven here: "
+                                 "gpus::gpus_have_what_they_should", "gpus::driver_supports_the_image_cuda",
+                                 "gpus::every_gpu_computes"]
+    assert ("# the selection left out 5 check(s) this tier promises, not proven here: "
             "host::dev_shm_is_large_enough, gpus::torch_sees_the_expected_gpus,") in report.table()
 
 
