@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from stackproof.act.breaker import limit_problem
 from stackproof.settings import Settings, at_least, option, positive
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
@@ -22,9 +23,16 @@ class ActConfig(Settings):
     max_nodes: int | None = option(None, "act on no node when more than N nodes of one run failed (a failure that "
                                          "wide is more likely the image or the settings); default: no limit",
                                    metavar="N", check=at_least(1))
+    max_drained: str = option("10%", "drain no node when the nodes stackproof has already drained (Slurm: its "
+                                     "reason in sinfo -R) or tainted (Kubernetes), with this one, would be more "
+                                     "than N, or than P% of the node's partitions / GPU node pool (rounded up): "
+                                     "the failure is then reported and alerted on, not acted on",
+                              metavar="N|P%", check=limit_problem)
 
     def __post_init__(self) -> None:
         problems = self.field_problems()
         if self.scheduler is None:
-            problems.append(f"--scheduler: expected one of {', '.join(SCHEDULERS)}, found none")
-        self.refuse(problems, "stackproof healthcheck --help")
+            problems.append(f"--scheduler: expected the flag, with one of {', '.join(SCHEDULERS)}, found no "
+                            "--scheduler; fix: pass --scheduler slurm or kubernetes to act, or --scheduler none to "
+                            "only say what would be done")
+        self.refuse(problems, "stackproof act --help, stackproof healthcheck --help")
