@@ -165,14 +165,19 @@ def _no_gpu(report: dict[str, Any], message: str, node: str | None, gpus_on_pci:
 
 
 def _hang_pinned(report: dict[str, Any], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Exit 4: the watchdog's check names the ranks that stalled; one rank on a GPU is a GPU hang (hardware)."""
+    """Exit 4: the check the watchdog stopped (its message is the run's) is judged as a hang, whatever its own
+    class: one stalled rank that drives a GPU is a GPU hang (hardware); any other stall names no machine. Checks
+    that failed before it keep their class."""
     gpu_ranks = {r.get("rank") for r in report.get("ranks", []) if r.get("gpu")}
+    stopped = {c["name"] for c in report.get("checks", [])
+               if c.get("outcome") == "failed" and c.get("message") == report.get("message")}
     pinned = []
     for node in nodes:
         checks = []
         for failed in node.get("failed_checks", []):
-            if not failed.get("category") and len(failed.get("ranks", [])) == 1 and failed["ranks"][0] in gpu_ranks:
-                category, severity = policy.GPU_HANG
+            if failed["check"] in stopped:
+                one_gpu = len(failed.get("ranks", [])) == 1 and failed["ranks"][0] in gpu_ranks
+                category, severity = policy.GPU_HANG if one_gpu else ("", "")
                 failed = {**failed, "category": category, "severity": severity}
             checks.append(failed)
         pinned.append({**node, "failed_checks": checks})

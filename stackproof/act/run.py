@@ -24,6 +24,8 @@ SCHEDULERS = {"slurm": slurm, "kubernetes": kubernetes}  # "none": decide and sa
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
                   "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID")
 RANK_PREFIXES = ("TORCHELASTIC_",)
+# A launch that chose the GPUs (suite/visibility.py reads these): healthcheck then expects what it was given.
+GPU_REQUESTS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_GPUS_ON_NODE")
 # healthcheck's exit codes: the scheduler's contract (docs/act.md). Non-zero only for a node to take out of service.
 STAYS, TAKEN_OUT = 0, 1
 
@@ -117,6 +119,13 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
     if settings.node:
         # The ranks are other processes: they learn the node's scheduler name the way pods do (identity.py).
         os.environ[NODE_NAME_ENV[0]] = settings.node
+    on_pci = hardware.nvidia_gpus_on_pci()
+    if on_pci and validate_settings.expect_gpus is None and not any(os.environ.get(k) for k in GPU_REQUESTS):
+        # Nothing says how many GPUs this node should show: its PCI bus does (else a node whose driver lost
+        # every GPU would pass on CPU).
+        print(f"# stackproof healthcheck: --expect-gpus {on_pci}, the NVIDIA GPUs on the PCI bus", file=out,
+              flush=True)
+        validate_settings = dataclasses.replace(validate_settings, expect_gpus=on_pci)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
     try:
         code = validate(validate_settings)
@@ -129,15 +138,16 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
         print(f"# stackproof act: not acted on: {err}", file=out, flush=True)
         return _contract(outcome, None, out)
     decision = decide.decide(report, exit_code=int(code), not_before=started, max_nodes=settings.max_nodes,
-                             node=settings.node or node_name(), gpus_on_pci=hardware.nvidia_gpus_on_pci())
+                             node=settings.node or node_name(), gpus_on_pci=on_pci)
     done, _failures = act(decision, settings, out)
-    return _contract(outcome, done, out)
+    return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)
 
 
-def _contract(outcome: str, done: decide.Decision | None, out: IO[str]) -> int:
+def _contract(outcome: str, done: decide.Decision | None, out: IO[str], dry_run: bool = False) -> int:
     drained = [a.node for a in done.drains] if done else []
     if drained:
-        words, code = f"taken out of service ({', '.join(drained)})", TAKEN_OUT
+        words = f"{'would be taken (--scheduler none)' if dry_run else 'taken'} out of service ({', '.join(drained)})"
+        code = TAKEN_OUT
     else:
         held = [a for a in (done.to_act if done else ()) if a.held]
         words = "stays in service" + (f" (drain withheld: {held[0].held})" if held else "")
