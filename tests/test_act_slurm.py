@@ -47,6 +47,7 @@ grep -qx "$SLURMD_NODENAME" "$dir/nodes" || exit 0
 id="$(cat "$dir/scenario")"
 mkdir -p "$dir/runs/$id" && mkdir "$dir/runs/$id/$SLURMD_NODENAME" 2>/dev/null || exit 0   # once per scenario
 export STACKPROOF_PYTHON={python} STACKPROOF_REPO={repo} OMP_NUM_THREADS=1
+export SLURM_CONF={conf}    # scontrol / sinfo must reach this cluster, not the host's default one
 export STACKPROOF_HEALTHCHECK_REPORTS="$dir/runs/$id"
 export STACKPROOF_HEALTHCHECK_ARGS="$(cat "$dir/args")"
 [ ! -f "$dir/broken/$SLURMD_NODENAME" ] || export PYTHONPATH={broken}
@@ -54,9 +55,12 @@ exec bash {script} -k "{selection}"
 """
 
 
+CONF = "/etc/slurm-act/slurm.conf"
+
+
 def _env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "STACKPROOF_"))},
-            "SLURM_CONF": "/etc/slurm-act/slurm.conf", "SLURM_CLUSTER_NAME": "stackproof-act",
+            "SLURM_CONF": CONF, "SLURM_CLUSTER_NAME": "stackproof-act",
             "SLURM_CLUSTER_PORT_BASE": "6917"}
 
 
@@ -77,7 +81,7 @@ def cluster(tmp_path_factory):
     wrapper = folder / "site-healthcheck.sh"
     wrapper.write_text(WRAPPER.format(dir=folder, python=PYTHON or __import__("sys").executable, repo=REPO,
                                       broken=BROKEN_ALLREDUCE, script=HEALTHCHECK,
-                                      selection=SELECTION))
+                                      selection=SELECTION, conf=CONF))
     wrapper.chmod(0o755)
     extra = (f"HealthCheckProgram={wrapper}\nHealthCheckInterval=5\nHealthCheckNodeState=ANY\n"
              f"Prolog={wrapper}\nPrologFlags=Alloc\nSchedulerParameters=nohold_on_prolog_fail")
@@ -127,6 +131,14 @@ def _reasons() -> dict[str, str]:
     return {n: r for n, _, r in (line.partition("|") for line in out.splitlines()) if r.strip() != "none"}
 
 
+def _settled_reasons(want: set[str], wait_s: float = 20) -> dict[str, str]:
+    """sinfo's reasons once the drained nodes are `want` (slurmctld applies an update a moment later)."""
+    deadline = time.monotonic() + wait_s
+    while set(reasons := _reasons()) != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return reasons
+
+
 def _resume_all() -> None:
     for node in _reasons():
         _slurm("scontrol", "update", f"nodename={node}", "state=resume", check=False)
@@ -143,8 +155,8 @@ def clean(cluster):
 def _prolog_job(nodes) -> subprocess.Popen:
     """A real job on `nodes`: slurmd runs the Prolog on each before the job starts (PrologFlags=Alloc)."""
     return subprocess.Popen(["srun", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", "--time=3",
-                             "--immediate=120", "--no-kill", "bash", "-c", "echo $SLURMD_NODENAME"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env())
+                             "--immediate=120", "--no-kill", "bash", "-c", "echo $SLURMD_NODENAME"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
 
 
 def _run(folder: Path, mode: str, **kw) -> tuple[dict[str, str], tuple[int | None, str, str] | None]:
@@ -164,28 +176,22 @@ def _run(folder: Path, mode: str, **kw) -> tuple[dict[str, str], tuple[int | Non
 
 
 @pytest.mark.parametrize("mode", ["hc", "prolog"])
-def test_an_image_fault_on_every_node_drains_nothing(clean, tmp_path, mode):
+def test_an_image_fault_drains_nothing_and_a_hardware_fault_drains_its_node(clean, tmp_path, mode):
+    """One scenario, both proofs (each run costs half a minute here): the image promises another torch than it
+    runs, on every node; n2's all_reduce is also broken. n1 (image fault only) stays in service, n2 is drained
+    for its hardware fault, n3 (not in the job, not checked) is untouched."""
     pins = tmp_path / "expected.json"
-    pins.write_text(json.dumps({"torch": "1.0.0"}))  # the image promised another torch than it runs
+    pins.write_text(json.dumps({"torch": "1.0.0"}))
     pins.chmod(0o644)
-    logs, job = _run(clean, mode, extra=f"--expect-file {pins}")
-    for node, log in logs.items():
-        assert "pins::versions_match_the_promise" in log and "FAIL" in log, log[-3000:]
-        assert f"{node}: alert: stackproof: pins::versions_match_the_promise" in log, log[-3000:]
-        assert "run: scontrol" not in log and "# exit 0" in log, log[-3000:]
-    assert not _reasons(), _reasons()
-    if job is not None:  # the Prolog said 0: the job ran
-        assert job[0] == 0, job[2][-2000:]
-
-
-@pytest.mark.parametrize("mode", ["hc", "prolog"])
-def test_a_hardware_fault_on_n2_drains_n2_only(clean, mode):
-    logs, job = _run(clean, mode, broken=("n2",))
-    assert "this node stays in service; exit 0" in logs["n1"] and "# exit 0" in logs["n1"], logs["n1"][-3000:]
-    reason = "stackproof: collectives::all_reduce[sum-float32] rank 0"
-    assert f"run: scontrol update nodename=n2 state=drain 'reason={reason}'" in logs["n2"], logs["n2"][-3000:]
-    assert "# exit 1" in logs["n2"]
-    reasons = _reasons()
+    logs, job = _run(clean, mode, broken=("n2",), extra=f"--expect-file {pins}")
+    n1, n2 = logs["n1"], logs["n2"]
+    assert "n1: alert: stackproof: pins::versions_match_the_promise rank 0" in n1, n1[-3000:]
+    assert "stackproof ALERT: n1: alert" in n1 and "run: scontrol" not in n1, n1[-3000:]
+    assert "this node stays in service; exit 0" in n1 and "# exit 0" in n1, n1[-3000:]
+    reason = "stackproof: collectives::all_reduce[sum-float32] rank 0 (+1 more)"
+    assert f"run: scontrol update nodename=n2 state=drain 'reason={reason}'" in n2, n2[-3000:]
+    assert "# exit 1" in n2, n2[-3000:]
+    reasons = _settled_reasons({"n2"})
     assert set(reasons) == {"n2"} and reasons["n2"] == reason, reasons
     if job is not None:  # the Prolog said 1 on n2: the job did not run there
         assert "n2" not in job[1].split(), job
