@@ -29,6 +29,10 @@ class ActConfig(Settings):
                                      "the failure is then reported and alerted on, not acted on",
                               metavar="N|P%", check=limit_problem)
 
+    skip_busy_gpus: bool = option(False, "check only the GPUs no process is using (NVML), saying which are "
+                                         "skipped and expecting that many fewer; every GPU busy: check nothing, "
+                                         "exit 0 (the DaemonSet, which holds no GPU, sets it)")
+
     def __post_init__(self) -> None:
         problems = self.field_problems()
         if self.scheduler is None:

@@ -169,14 +169,15 @@ def _hang_pinned(report: dict[str, Any], nodes: list[dict[str, Any]]) -> list[di
     class: one stalled rank that drives a GPU is a GPU hang (hardware); any other stall names no machine. Checks
     that failed before it keep their class."""
     gpu_ranks = {r.get("rank") for r in report.get("ranks", []) if r.get("gpu")}
-    stopped = {c["name"] for c in report.get("checks", [])
+    stopped = {c["name"]: c.get("failed_ranks", []) for c in report.get("checks", [])
                if c.get("outcome") == "failed" and c.get("message") == report.get("message")}
     pinned = []
     for node in nodes:
         checks = []
         for failed in node.get("failed_checks", []):
             if failed["check"] in stopped:
-                one_gpu = len(failed.get("ranks", [])) == 1 and failed["ranks"][0] in gpu_ranks
+                stalled = stopped[failed["check"]]  # over the whole run, not this node's share
+                one_gpu = len(stalled) == 1 and stalled[0] in gpu_ranks
                 category, severity = policy.GPU_HANG if one_gpu else ("", "")
                 failed = {**failed, "category": category, "severity": severity}
             checks.append(failed)

@@ -16,6 +16,7 @@ from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.identity import NODE_NAME_ENV, node_name
+from stackproof.suite.topology import NvmlUnavailable
 from stackproof.tools import run_tool
 
 SCHEDULERS = {"slurm": slurm, "kubernetes": kubernetes}  # "none": decide and say, act on nothing
@@ -126,6 +127,10 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
         print(f"# stackproof healthcheck: --expect-gpus {on_pci}, the NVIDIA GPUs on the PCI bus", file=out,
               flush=True)
         validate_settings = dataclasses.replace(validate_settings, expect_gpus=on_pci)
+    if settings.skip_busy_gpus:
+        validate_settings = _leave_busy_gpus(validate_settings, out)
+        if validate_settings is None:
+            return _contract("validate not run", None, out)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
     try:
         code = validate(validate_settings)
@@ -141,6 +146,27 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
                              node=settings.node or node_name(), gpus_on_pci=on_pci)
     done, _failures = act(decision, settings, out)
     return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)
+
+
+def _leave_busy_gpus(validate_settings: ValidateConfig, out: IO[str]) -> ValidateConfig | None:
+    """--skip-busy-gpus: the settings for the idle GPUs only (CUDA_VISIBLE_DEVICES, --expect-gpus), or None when
+    every GPU is in use."""
+    say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
+    try:
+        use = hardware.gpu_use()
+    except NvmlUnavailable as err:
+        use = None
+        say(f"{err}: no GPU skipped")
+    if use is None:
+        return validate_settings
+    plan = hardware.idle_plan(use, validate_settings.expect_gpus)
+    if plan.words:
+        say(plan.words)
+    if plan.nothing_idle:
+        return None
+    if plan.cuda_visible_devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = plan.cuda_visible_devices
+    return dataclasses.replace(validate_settings, expect_gpus=plan.expect_gpus)
 
 
 def _contract(outcome: str, done: decide.Decision | None, out: IO[str], dry_run: bool = False) -> int:
