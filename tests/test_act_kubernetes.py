@@ -258,8 +258,10 @@ def test_daemonset_pod_runs_healthcheck_on_its_own_node():
     assert '--node "$STACKPROOF_NODE_NAME"' in script and "exec sleep infinity" in script
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["STACKPROOF_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    # It holds no GPU while it sleeps; it must still be scheduled on a node it has tainted.
+    # It holds no GPU while it sleeps, so it leaves the GPUs a job uses alone; it must still be scheduled on a
+    # node it has tainted.
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert "--skip-busy-gpus" in container["args"]
     assert {"key": kubernetes.TAINT_KEY, "operator": "Exists"} in pod["tolerations"]
     # kubectl comes from the init container, into the folder put first on PATH.
     (init,) = pod["initContainers"]
@@ -278,3 +280,4 @@ def test_daemonset_flags_are_healthcheck_flags():
     args = build_parser().parse_args(["healthcheck", "--scheduler", "kubernetes", "--expect-gpus", "8", *flags])
     settings, act = ValidateConfig.from_args(args), ActConfig.from_args(args)
     assert settings.tier == "fast" and settings.run_timeout <= 3600 and act.scheduler == "kubernetes"
+    assert act.skip_busy_gpus
