@@ -153,9 +153,12 @@ def _healthcheck(args: argparse.Namespace) -> int:
         return run.bad_input(err, sys.stdout)
     try:
         return run.healthcheck(settings, act_settings, sys.stdout)
-    except StackproofError as err:  # the tool's own fault never takes the node out (the scheduler's contract)
-        print(f"stackproof: {err}\n# stackproof healthcheck: not acted on; this node stays in service; exit "
-              f"{run.STAYS}", flush=True)
+    except Exception as err:  # the tool's own fault (a full disk, a bug) never takes the node out: the contract
+        import traceback
+
+        detail = str(err) if isinstance(err, StackproofError) else traceback.format_exc()
+        print(f"stackproof: {detail}\n# stackproof healthcheck: not acted on ({type(err).__name__}); this node "
+              f"stays in service; exit {run.STAYS}", flush=True)
         return run.STAYS
 
 

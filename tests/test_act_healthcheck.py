@@ -63,3 +63,12 @@ def test_bad_input_keeps_the_node_in_service(tmp_path):
     proc = _healthcheck(tmp_path, "--expect-gpus", "-1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--expect-gpus" in proc.stdout and "this node stays in service; exit 0" in proc.stdout
+
+
+def test_the_tools_own_failure_keeps_the_node_in_service(tmp_path):
+    """A reports folder that cannot be written (a full or read-only disk, as a Prolog meets it): exit 0."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    proc = _healthcheck(tmp_path, "--tier", "fast", "--expect-gpus", "0", "--reports", str(blocked / "reports"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "this node stays in service; exit 0" in proc.stdout, proc.stdout + proc.stderr
