@@ -13,15 +13,18 @@ SCHEDULERS = ("slurm", "kubernetes", "none")
 
 @dataclasses.dataclass(frozen=True)
 class ActConfig(Settings):
-    scheduler: str | None = option(None, "act through slurm (scontrol: drain a failed node), kubernetes (kubectl: "
-                                         "label every node, annotate and taint a failed one) or none (say what "
-                                         "would be done)", choices=SCHEDULERS)
+    scheduler: str | None = option(None, "act through slurm (scontrol: drain a node with a hardware failure), "
+                                         "kubernetes (kubectl: label every node pass/fail, annotate a failed one, "
+                                         "taint one with a hardware failure) or none (say what would be done); "
+                                         "the policy table: docs/act.md", choices=SCHEDULERS)
     node: str | None = option(None, "the node's name in the scheduler. healthcheck: this node's (default "
                                     "STACKPROOF_NODE_NAME, SLURMD_NODENAME, else the host name); act: act on this "
                                     "node only (default: every node of the report)", metavar="NAME")
-    act_timeout: float = option(30.0, "seconds each scontrol / kubectl call may take", metavar="S", check=positive)
-    max_nodes: int | None = option(None, "act on no node when more than N nodes of one run failed (a failure that "
-                                         "wide is more likely the image or the settings); default: no limit",
+    act_timeout: float = option(30.0, "seconds each scontrol / sinfo / kubectl call may take", metavar="S",
+                                check=positive)
+    max_nodes: int | None = option(None, "drain no node when more than N nodes of one run are to be drained (a "
+                                         "failure that wide is more likely the image or the settings); default: "
+                                         "no limit",
                                    metavar="N", check=at_least(1))
     max_drained: str = option("10%", "drain no node when the nodes stackproof has already drained (Slurm: its "
                                      "reason in sinfo -R) or tainted (Kubernetes), with this one, would be more "
