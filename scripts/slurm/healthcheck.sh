@@ -14,7 +14,8 @@
 # The scheduler's contract: exit 1 only when this node is taken out of service (drained now, or it would have
 # been with --scheduler none). Everything else exits 0 with the reason in the log: a pass, an alert, a drain the
 # circuit breaker withheld, bad input, the tool's own failure (no python, a full disk, a crash). In a Prolog,
-# 1 makes Slurm requeue the job elsewhere (SchedulerParameters=nohold_on_prolog_fail keeps it from being held).
+# 1 keeps the job off this node (a batch job is requeued elsewhere; SchedulerParameters=nohold_on_prolog_fail
+# keeps it from being held).
 #
 # slurmd runs it as root, with no arguments and almost no environment (SLURMD_NODENAME; a Prolog also the
 # job's SLURM_JOB_ID ...): the settings below come from the file STACKPROOF_HEALTHCHECK_CONF (default
