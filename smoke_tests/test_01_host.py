@@ -12,6 +12,7 @@ MIN_SHM_BYTES = int(os.environ.get("STACKPROOF_MIN_SHM_BYTES", str(1024 * MiB)))
 
 
 def test_dev_shm_is_large_enough(report):
+    report.classify("configuration", "triage")
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm on this system")
     stats = os.statvfs("/dev/shm")

@@ -6,6 +6,8 @@ import os
 import pytest
 import torch
 
+from stackproof.act import policy
+from stackproof.act.decide import SCHEDULER_GPUS
 from stackproof.judge import hardware
 from stackproof.judge.findings import worst
 from stackproof.suite import topology
@@ -38,6 +40,10 @@ def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     report.context("driver", {"version": inventory.driver_version, "cuda": inventory.cuda_driver_version})
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
+    # GPUs missing that the scheduler allocated or the PCI bus shows are the node's fault (act drains it); fewer
+    # than a flag or a launch asked for may be the flag's or the launch's.
+    lost = count < want and (why.startswith(SCHEDULER_GPUS) or len(bus or []) >= want)
+    report.classify(*(policy.GPUS_MISSING if lost else ("configuration", "triage")))
     assert count == len(visible), (f"torch.cuda.device_count() = {count}, but NVML shows {len(visible)} GPU(s) "
                                    f"visible (CUDA_VISIBLE_DEVICES={cvd}, NVML total {len(inventory.gpus)})")
     gone = missing(bus or [], inventory) if FROM_THE_BUS in why else []
@@ -61,6 +67,7 @@ def test_gpus_have_what_they_should(inventory, report):
 
 
 def test_driver_supports_the_image_cuda(inventory, report):
+    report.classify("configuration", "triage")
     built = torch.version.cuda
     driver = inventory.cuda_driver_version
     report.figure("torch_cuda", built)
@@ -75,6 +82,7 @@ def test_driver_supports_the_image_cuda(inventory, report):
 
 def test_every_gpu_computes(dist_env, report):
     """A matmul on small integers is exact in float32, so the GPU's answer must equal the CPU's bit for bit."""
+    report.classify("gpu-hardware", "isolate")
     devices = ([dist_env.device] if dist_env.local_world_size >= torch.cuda.device_count()
                else [torch.device("cuda", i) for i in range(torch.cuda.device_count())])
     generator = torch.Generator().manual_seed(1234)

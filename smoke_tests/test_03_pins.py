@@ -23,6 +23,7 @@ def running():
 
 
 def test_versions_match_the_promise(promise, running, report):
+    report.classify("software-pins", "triage")
     versions, libraries = running
     for component, value in versions.items():
         report.figure(component, value or "none")
@@ -44,6 +45,7 @@ def test_versions_match_the_promise(promise, running, report):
 def test_native_library_comes_from_its_wheel(library, wheel_prefix, running, report):
     """The NCCL/cuDNN torch runs must be the pip wheel torch was built against, not one found on
     LD_LIBRARY_PATH (pytorch#122571)."""
+    report.classify("software-pins", "triage")
     versions, libraries = running
     installed = {n: v for n, v in pins.installed_versions().items() if n.startswith(wheel_prefix)}
     if not installed:
@@ -59,6 +61,7 @@ def test_native_library_comes_from_its_wheel(library, wheel_prefix, running, rep
 
 
 def test_installed_packages_match_the_lock(promise, report):
+    report.classify("software-pins", "triage")
     lock = promise.lock
     if not lock or not Path(lock).exists():
         pytest.skip("no lock to compare with (stackproof images carry theirs at /etc/stackproof/lock.txt)")
@@ -72,6 +75,7 @@ def test_installed_packages_match_the_lock(promise, report):
 
 
 def test_system_nccl_matches_torch(promise, running, report):
+    report.classify("software-pins", "triage")
     system = pins.system_nccl()
     if system is None:
         pytest.skip("no system libnccl in the linker cache: nothing can shadow torch's")

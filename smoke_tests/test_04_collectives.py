@@ -44,6 +44,7 @@ def _sync(dist_env) -> None:
 
 
 def test_barrier(dist_env, settings, report):
+    report.classify("interconnect", "triage")
     faults.stop_if_asked(settings, dist_env.rank)
     start = time.perf_counter()
     dist.barrier(device_ids=[dist_env.device.index] if dist_env.is_gpu else None)
@@ -64,6 +65,7 @@ def _skip_if_gloo_cannot_average(dtype, device) -> None:
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_all_reduce(op, dtype_name, dist_env, settings, report):
+    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     if op == "avg" and not dtype.is_floating_point and dist_env.backend == "gloo":
         pytest.skip("gloo cannot average integer tensors (NCCL can): covered on GPU runs")
@@ -101,6 +103,7 @@ def test_all_reduce(op, dtype_name, dist_env, settings, report):
 
 @pytest.mark.parametrize("dtype_name", OTHER_DTYPES)
 def test_broadcast(dtype_name, dist_env, settings, report):
+    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     root = world - 1  # not rank 0: a root-0-only bug would hide otherwise
     failures = []
@@ -117,6 +120,7 @@ def test_broadcast(dtype_name, dist_env, settings, report):
 
 @pytest.mark.parametrize("dtype_name", OTHER_DTYPES)
 def test_all_gather(dtype_name, dist_env, settings, report):
+    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     failures = []
     for count in check_sizes(_max_bytes(settings, dist_env) // world, 8)[-4:]:
@@ -133,6 +137,7 @@ def test_all_gather(dtype_name, dist_env, settings, report):
 
 @pytest.mark.parametrize("dtype_name", OTHER_DTYPES)
 def test_reduce_scatter(dtype_name, dist_env, settings, report):
+    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     failures = []
     for count in check_sizes(_max_bytes(settings, dist_env) // world, 8)[-4:]:

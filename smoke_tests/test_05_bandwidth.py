@@ -32,6 +32,7 @@ def gpus(dist_env):
 
 @pytest.mark.multi_rank
 def test_all_reduce_busbw(sweep, gpus, dist_env, settings, report):
+    report.classify("performance", "triage")
     threshold = bars.busbw_bar(gpus, dist_env.num_nodes, settings.busbw_fraction, settings.min_busbw)
     header = (f"all_reduce sum in-place, {dist_env.world_size} ranks ({dist_env.backend}), "
               f"{settings.iters} iters after {settings.warmup} warm-up, GB = 1e9 B, time = mean over ranks")
@@ -60,6 +61,7 @@ def test_all_reduce_busbw(sweep, gpus, dist_env, settings, report):
 @pytest.mark.multi_rank
 def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
     """Small messages without the host in the way: the latency a training step that replays a graph sees."""
+    report.classify("configuration", "triage")
     unsupported = bandwidth.graph_unsupported(dist_env.device)
     sizes = bandwidth.sweep_sizes(settings.sweep_min or 8, min(settings.graph_max, settings.sweep_max or 4 * GiB))
     if unsupported or not sizes:
@@ -84,6 +86,7 @@ def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
 @pytest.mark.gpu
 @pytest.mark.multi_rank
 def test_nccl_transport(sweep, gpus, dist_env, report):
+    report.classify("configuration", "triage")
     log = bandwidth.own_nccl_log()
     mine = sorted(bandwidth.nccl_transports(log)) if log else []
     everyone = dist_env.agree(mine, "the NCCL transport report", lambda ranks: sorted(set().union(*ranks)))

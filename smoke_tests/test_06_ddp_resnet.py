@@ -102,6 +102,7 @@ def run(dist_env, settings):
 
 
 def test_sampler_shards_are_disjoint_and_cover_the_dataset(run, report):
+    report.classify("software-pins", "triage")
     for epoch, problem in enumerate(run["verdict"]["shards"]):
         assert not problem, f"epoch {epoch}: {problem}"
     assert run["verdict"]["reshuffled"], "set_epoch did not reshuffle the shards"
@@ -109,6 +110,7 @@ def test_sampler_shards_are_disjoint_and_cover_the_dataset(run, report):
 
 
 def test_loss_is_finite_and_decreasing(run, dist_env, report):
+    report.classify("software-pins", "triage")
     losses, shape = run["losses"], run["shape"]
     report.figure("loss_first", round(losses[0], 4))
     report.figure("loss_last", round(losses[-1], 4))
@@ -125,6 +127,7 @@ def test_loss_is_finite_and_decreasing(run, dist_env, report):
 
 
 def test_gradients_are_identical_across_ranks(run, dist_env, report):
+    report.classify("interconnect", "triage")
     report.hint("DDP's gradient all_reduce gave ranks different answers: a broken NCCL/driver or GPU")
     for step, (reference, odd) in enumerate(run["verdict"]["grads"]):
         mine = run["mine"]["grads"][step]
@@ -133,6 +136,7 @@ def test_gradients_are_identical_across_ranks(run, dist_env, report):
 
 
 def test_parameters_are_identical_after_the_step(run, dist_env, report):
+    report.classify("interconnect", "triage")
     verdict = run["verdict"]
     if dist_env.rank in verdict["params"]:
         mine = training.per_tensor_digests(run["model"].named_parameters())
@@ -142,6 +146,7 @@ def test_parameters_are_identical_after_the_step(run, dist_env, report):
 
 
 def test_checkpoint_reloads_identically_on_every_rank(run, dist_env, report):
+    report.classify("software-pins", "triage")
     report.figure("digest", run["mine"]["checkpoint"])
     assert dist_env.rank not in run["verdict"]["checkpoint"], \
         "this rank reloaded rank 0's checkpoint into different weights"

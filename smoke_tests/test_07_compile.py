@@ -13,6 +13,7 @@ def pointwise_and_reduction(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def test_torch_compile_matches_eager(dist_env, report):
+    report.classify("software-pins", "triage")
     # inductor's own on-disk cache is kept: a container starts with an empty one, so an image always compiles
     # here; on a host an earlier run's kernels may be reused, and the figure 'kernels' says which happened.
     from torch._dynamo.utils import counters

@@ -51,17 +51,19 @@ def _act_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("healthcheck", help="validate this node (tier fast by default), then drain (Slurm) or "
                                            "label/taint (Kubernetes) it if a check failed",
                        description="For Slurm's HealthCheckProgram or Prolog, or a Kubernetes DaemonSet: run "
-                                   "validate on this node (--tier fast unless given), then act: only a failed "
-                                   "check (exit 1) acts; bad input, no GPU, the tool's own timeout or an "
-                                   "interruption are reported, never acted on (docs/act.md). Exits with validate's "
-                                   "code, or 2 when the action itself failed. " + EXIT_CODES_HELP + ".")
+                                   "validate on this node (--tier fast unless given), then act as the policy table "
+                                   "says (docs/act.md): a hardware failure drains / taints the node (within "
+                                   "--max-drained); an image, pins or settings failure, bad input, the tool's own "
+                                   "timeout or an interruption are reported and alerted on, never acted on. Exit "
+                                   "(the scheduler's contract): 1 when this node is taken out of service (or "
+                                   "would be, with --scheduler none), else 0, the reason on stdout.")
     ActConfig.add_arguments(p.add_argument_group("acting on the verdict"))
     ValidateConfig.add_arguments(p.add_argument_group("validate's settings"))
     p.set_defaults(tier="fast")
     p = sub.add_parser("act", help="act on a finished run's report.json (every node it names)",
                        description="Read <reports>/report.json and act on each failed node it names, with the "
                                    "policy of healthcheck (docs/act.md). Exit 0 when done (acting or not), 2 when "
-                                   "the report cannot be read or the action failed.")
+                                   "the report cannot be read or any node's action failed (every node is tried).")
     p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
     ActConfig.add_arguments(p)
 
@@ -162,7 +164,15 @@ def _healthcheck(args: argparse.Namespace) -> int:
         settings, act_settings = ValidateConfig.from_args(args), ActConfig.from_args(args)
     except ConfigError as err:
         return run.bad_input(err, sys.stdout)
-    return run.healthcheck(settings, act_settings, sys.stdout)
+    try:
+        return run.healthcheck(settings, act_settings, sys.stdout)
+    except Exception as err:  # the tool's own fault (a full disk, a bug) never takes the node out: the contract
+        import traceback
+
+        detail = str(err) if isinstance(err, StackproofError) else traceback.format_exc()
+        print(f"stackproof: {detail}\n# stackproof healthcheck: not acted on ({type(err).__name__}); this node "
+              f"stays in service; exit {run.STAYS}", flush=True)
+        return run.STAYS
 
 
 def _act(args: argparse.Namespace) -> int:

@@ -74,6 +74,7 @@ class Settings:
             meta = f.metadata
             default = f.default if f.default is not dataclasses.MISSING else None
             text = meta["help"] + (f" (default {default})" if default not in (None, (), "") else "")
+            text = text.replace("%", "%%")  # argparse formats help with %: a literal one (10%) is written %%
             if meta["positional"]:
                 parser.add_argument(f.name, nargs="*", metavar=meta["metavar"], help=text)
                 continue

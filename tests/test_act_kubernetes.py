@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import decide, kubernetes
+from stackproof.act import decide, kubernetes, policy
 from stackproof.errors import Exit
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (it is in the dev extra)")
@@ -87,11 +87,18 @@ def test_a_passing_run_acts_on_nothing(one_node_pass):
     assert decision.summary() == "every node passed: nothing to act on"
 
 
-@pytest.mark.parametrize("code", [Exit.USAGE, Exit.NO_GPU, Exit.INCOMPLETE, Exit.INTERRUPTED])
+@pytest.mark.parametrize("code", [Exit.USAGE, Exit.NO_GPU, Exit.INTERRUPTED])
 def test_outcomes_that_say_nothing_about_the_machine_act_on_nothing(two_node_fault, code):
     report = {**decide.load(two_node_fault), "exit_code": int(code)}
     decision = decide.decide(report)
     assert decision.actions == () and f"exit code {int(code)}" in decision.withheld
+
+
+def test_a_hardware_check_that_failed_before_a_run_stopped_still_drains(two_node_fault):
+    """Exit 4 (say a later check hung): the checks that failed before it were judged, and act."""
+    report = {**decide.load(two_node_fault), "exit_code": int(Exit.INCOMPLETE), "message": "a later check hung"}
+    (action,) = decide.decide(report).to_act
+    assert (action.node, action.action) == ("gpu-b", policy.DRAIN)
 
 
 def test_a_stale_or_foreign_report_acts_on_nothing(two_node_fault):
@@ -103,12 +110,23 @@ def test_a_stale_or_foreign_report_acts_on_nothing(two_node_fault):
 
 def test_max_nodes_withholds_a_fleet_wide_failure(two_node_fault):
     report = decide.load(two_node_fault)
-    for node in report["nodes"]:  # both nodes failed: what a bad image does
-        node["verdict"], node["failed_checks"] = "FAIL", [{"check": "pins::versions_match_the_promise",
-                                                           "ranks": node["ranks"]}]
+    for node in report["nodes"]:  # both nodes failed the same hardware check: more likely the settings
+        node["verdict"], node["failed_checks"] = "FAIL", [{"check": "gpus::every_gpu_computes", "ranks": node["ranks"],
+                                                           "category": "gpu-hardware", "severity": "isolate"}]
     withheld = decide.decide(report, max_nodes=1)
-    assert withheld.actions == () and "more than --max-nodes 1" in withheld.withheld
-    assert len(decide.decide(report).to_act) == 2
+    assert withheld.drains == () and {a.action for a in withheld.actions} == {policy.ALERT}
+    assert all("more than --max-nodes 1" in a.held for a in withheld.actions)
+    assert len(decide.decide(report).drains) == 2
+
+
+def test_an_image_fault_on_every_node_alerts_and_drains_nothing(two_node_fault):
+    report = decide.load(two_node_fault)
+    for node in report["nodes"]:
+        node["verdict"], node["failed_checks"] = "FAIL", [{"check": "pins::versions_match_the_promise",
+                                                           "ranks": node["ranks"], "category": "software-pins",
+                                                           "severity": "triage"}]
+    decision = decide.decide(report)
+    assert decision.drains == () and [a.action for a in decision.actions] == [policy.ALERT, policy.ALERT]
 
 
 def test_reason_stays_one_short_line():
@@ -120,7 +138,7 @@ def test_act_cli_dry_run_and_bad_reports(two_node_fault, tmp_path):
     proc = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(two_node_fault), "--scheduler", "none"],
                           env=_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "# stackproof act: gpu-b: stackproof: collectives::all_reduce[sum-float32] rank 1" in proc.stdout
+    assert "# stackproof act: gpu-b: drain: stackproof: collectives::all_reduce[sum-float32] rank 1" in proc.stdout
     assert "run:" not in proc.stdout
     proc = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(tmp_path), "--scheduler", "slurm"],
                           env=_env(), capture_output=True, text=True, timeout=60)
@@ -176,7 +194,7 @@ def test_kubectl_labels_a_passing_node_and_clears_the_check(one_node_pass, tmp_p
 def test_kubectl_accepts_the_taint(tmp_path):
     """kubectl parses the taint before it contacts a server: with none here, a valid taint gets as far as the
     connection, a broken one does not."""
-    failed = decide.NodeAction("gpu-b", True, "stackproof: x")
+    failed = decide.NodeAction("gpu-b", policy.DRAIN, "stackproof: x")
     (taint,) = [argv for argv in kubernetes.commands(failed) if argv[1] == "taint"]
     env = {**os.environ, "KUBECONFIG": str(tmp_path / "none")}
     for argv, expected in ((taint, "refused"), ([*taint[:-2], taint[-2].replace("NoSchedule", "NoSched"),
@@ -187,15 +205,40 @@ def test_kubectl_accepts_the_taint(tmp_path):
         assert proc.returncode != 0 and expected in proc.stderr, proc.stderr[-1000:]
 
 
+@needs_kubectl
+def test_act_tries_every_node_and_reports_each_failure(two_node_fault, tmp_path):
+    """kubectl with no reachable cluster fails for every node: each is tried and named, the breaker (which
+    cannot count the tainted nodes) holds the drains, and act exits 2."""
+    report = decide.load(two_node_fault)
+    for node in report["nodes"]:
+        node["verdict"], node["failed_checks"] = "FAIL", [{"check": "gpus::every_gpu_computes", "ranks": node["ranks"],
+                                                           "category": "gpu-hardware", "severity": "isolate"}]
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "none",
+                                      "clusters": [{"name": "none", "cluster": {"server": "http://127.0.0.1:1"}}],
+                                      "contexts": [{"name": "none", "context": {"cluster": "none"}}]}))
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(tmp_path), "--scheduler", "kubernetes",
+                           "--act-timeout", "20"], env=_env(KUBECONFIG=str(kubeconfig)), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "drain withheld: could not count the nodes already out of service" in proc.stdout
+    for node in ("gpu-a", "gpu-b"):
+        assert f"FAILED: act on {node}: `kubectl label node {node}" in proc.stdout, proc.stdout
+    assert "2 node action(s) failed: act on gpu-a; act on gpu-b" in proc.stdout
+
+
 # --- the DaemonSet and its RBAC -----------------------------------------------------------------------------
 
 def _docs() -> dict[str, dict]:
     return {doc["kind"]: doc for doc in yaml.safe_load_all(DAEMONSET.read_text()) if doc}
 
 
-def test_rbac_may_only_get_and_patch_nodes():
+def test_rbac_may_only_read_and_patch_nodes():
     docs = _docs()
-    assert docs["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    # get + patch: kubectl label / annotate / taint; list: the circuit breaker counts the tainted nodes.
+    assert docs["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
+                                             "verbs": ["get", "list", "patch"]}]
     binding = docs["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
     (subject,) = binding["subjects"]
@@ -215,8 +258,10 @@ def test_daemonset_pod_runs_healthcheck_on_its_own_node():
     assert '--node "$STACKPROOF_NODE_NAME"' in script and "exec sleep infinity" in script
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["STACKPROOF_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    # It holds no GPU while it sleeps; it must still be scheduled on a node it has tainted.
+    # It holds no GPU while it sleeps, so it leaves the GPUs a job uses alone; it must still be scheduled on a
+    # node it has tainted.
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert "--skip-busy-gpus" in container["args"]
     assert {"key": kubernetes.TAINT_KEY, "operator": "Exists"} in pod["tolerations"]
     # kubectl comes from the init container, into the folder put first on PATH.
     (init,) = pod["initContainers"]
@@ -235,3 +280,4 @@ def test_daemonset_flags_are_healthcheck_flags():
     args = build_parser().parse_args(["healthcheck", "--scheduler", "kubernetes", "--expect-gpus", "8", *flags])
     settings, act = ValidateConfig.from_args(args), ActConfig.from_args(args)
     assert settings.tier == "fast" and settings.run_timeout <= 3600 and act.scheduler == "kubernetes"
+    assert act.skip_busy_gpus

@@ -1,154 +1,238 @@
-"""scripts/slurm/healthcheck.sh on the real two-node cluster (scripts/ci/slurm-cluster.sh): run on n2 through srun,
-as root, with SLURMD_NODENAME and SLURM_JOB_ID set as a Prolog has them, CPU ranks (--expect-gpus 0).
+"""scripts/slurm/healthcheck.sh run by slurmd itself, on a real cluster of its own (scripts/ci/slurm-cluster.sh
+with SLURM_CLUSTER_EXTRA_CONF: a HealthCheckProgram every few seconds and a Prolog), as root, CPU ranks.
 
-A fault on n2 drains n2 with its reason in `sinfo -R`, n1 stays up, `scontrol update state=resume` brings n2
-back; a passing run, bad input (exit 2) and the tool's own timeout (exit 4) drain nothing. The cluster is shared:
-every node drained here is resumed in the fixture's teardown, and the drained window is a few seconds.
+slurmd gives these programs almost no environment, so slurm.conf names a site wrapper (as a site's
+/etc/default/stackproof-healthcheck would) that points at this checkout and this test's scenario: which nodes
+check, with which flags, and which nodes have a broken torch (tests/fixtures/broken_allreduce on their
+PYTHONPATH: all_reduce returns wrong sums there, a hardware-classified check fails). The image fault is the
+boundary the suite reads: an expected-versions file (--expect-file) that the running torch does not match.
+
+Proof, the same as HealthCheckProgram and as the Prolog of a real job: an image fault on every node drains
+nothing; a hardware fault on n2 drains n2 only; with --max-drained 1 and n1 already drained, a fault on n2 is
+reported and not drained. The cluster is this module's: it is stopped at the end.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from test_launchers_slurm import PYTHON, REPO, _rank_env, slurm_cluster  # noqa: F401  (a fixture)
+
+from stackproof.act import breaker, decide, slurm
 
 pytestmark = pytest.mark.slurm
 
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else None
 HEALTHCHECK = REPO / "scripts" / "slurm" / "healthcheck.sh"
-STEP_TIMEOUT_S = 180
-# Exact collective checks only, small buffers: a fault there fails rank 1 of this node's 2 CPU ranks.
-ALLREDUCE = ("--expect-gpus", "0", "--tier", "full", "-k", "all_reduce and sum-float32", "--max-check-bytes", "64K")
+CLUSTER = REPO / "scripts" / "ci" / "slurm-cluster.sh"
+BROKEN_ALLREDUCE = REPO / "tests" / "fixtures" / "broken_allreduce"
+# One rank per node, two cheap checks: the pins (the image fault) and one exact all_reduce (the hardware fault).
+CHECKS = "--expect-gpus 0 --nproc 1 --tier full --max-check-bytes 64K --timeout 20 --run-timeout 50"
+SELECTION = "versions_match_the_promise or all_reduce and sum-float32"
+WAIT_S = 150
+NODES = ("n1", "n2")
+
+WRAPPER = """#!/usr/bin/env bash
+# The site's settings for slurmd's HealthCheckProgram and Prolog (this test's scenario decides who checks).
+dir={dir}
+mode=hc; [ -z "${{SLURM_JOB_ID:-}}" ] || mode=prolog
+[ -f "$dir/scenario" ] && [ "$(cat "$dir/mode")" = "$mode" ] || exit 0
+grep -qx "$SLURMD_NODENAME" "$dir/nodes" || exit 0
+id="$(cat "$dir/scenario")"
+mkdir -p "$dir/runs/$id" && mkdir "$dir/runs/$id/$SLURMD_NODENAME" 2>/dev/null || exit 0   # once per scenario
+export STACKPROOF_PYTHON={python} STACKPROOF_REPO={repo} OMP_NUM_THREADS=1
+export SLURM_CONF={conf}    # scontrol / sinfo must reach this cluster, not the host's default one
+export STACKPROOF_HEALTHCHECK_REPORTS="$dir/runs/$id"
+export STACKPROOF_HEALTHCHECK_ARGS="$(cat "$dir/args")"
+[ ! -f "$dir/broken/$SLURMD_NODENAME" ] || export PYTHONPATH={broken}
+exec bash {script} -k "{selection}"
+"""
 
 
-def _sinfo_states() -> dict[str, str]:
-    out = subprocess.run(["sinfo", "--Node", "--noheader", "--format=%N %t"], capture_output=True, text=True,
-                         timeout=20, check=True).stdout
-    return dict(line.split()[:2] for line in out.splitlines() if line.strip())
+CONF = "/etc/slurm-act/slurm.conf"
+
+
+def _env() -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "STACKPROOF_"))},
+            "SLURM_CONF": CONF, "SLURM_CLUSTER_NAME": "stackproof-act",
+            "SLURM_CLUSTER_PORT_BASE": "6917"}
+
+
+def _slurm(*argv: str, timeout: float = 20, check: bool = True) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(), check=check).stdout
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A three-node cluster of its own whose slurmd run the site wrapper as HealthCheckProgram and Prolog."""
+    if os.geteuid() != 0:
+        message = "slurmd running healthcheck.sh needs root (scripts/ci/slurm-cluster.sh)"
+        if os.environ.get("STACKPROOF_REQUIRE_SLURM") == "1":
+            pytest.fail(f"STACKPROOF_REQUIRE_SLURM=1 but {message}")
+        pytest.skip(message)
+    folder = tmp_path_factory.mktemp("act-slurm")
+    folder.chmod(0o755)
+    wrapper = folder / "site-healthcheck.sh"
+    wrapper.write_text(WRAPPER.format(dir=folder, python=PYTHON or __import__("sys").executable, repo=REPO,
+                                      broken=BROKEN_ALLREDUCE, script=HEALTHCHECK,
+                                      selection=SELECTION, conf=CONF))
+    wrapper.chmod(0o755)
+    extra = (f"HealthCheckProgram={wrapper}\nHealthCheckInterval=5\nHealthCheckNodeState=ANY\n"
+             f"Prolog={wrapper}\nPrologFlags=Alloc\nSchedulerParameters=nohold_on_prolog_fail")
+    env = {**_env(), "SLURM_CLUSTER_EXTRA_CONF": extra, "SLURM_CLUSTER_WAIT_S": "90"}
+    up = subprocess.run(["bash", str(CLUSTER)], capture_output=True, text=True, timeout=600, env=env)
+    assert up.returncode == 0, up.stderr[-3000:]
+    yield folder
+    _scenario(folder, None)
+    subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, text=True, timeout=120, env=env)
+
+
+def _scenario(folder: Path, mode: str | None, *, nodes=NODES, broken=(), extra: str = "") -> str:
+    """Set what the next HealthCheckProgram / Prolog runs do; None: nothing (the programs exit at once)."""
+    (folder / "scenario").unlink(missing_ok=True)
+    if mode is None:
+        return ""
+    (folder / "broken").mkdir(exist_ok=True)
+    for old in (folder / "broken").iterdir():
+        old.unlink()
+    for node in broken:
+        (folder / "broken" / node).write_text("")
+    (folder / "nodes").write_text("\n".join(nodes) + "\n")
+    (folder / "args").write_text(f"{CHECKS} {extra}")
+    (folder / "mode").write_text(mode)
+    scenario = f"{mode}-{time.monotonic_ns()}"
+    (folder / "scenario").write_text(scenario)
+    return scenario
+
+
+def _finished(folder: Path, scenario: str, nodes=NODES) -> dict[str, str]:
+    """Wait until healthcheck.sh logged its exit on every node of the scenario; node -> its log."""
+    deadline = time.monotonic() + WAIT_S
+    logs = {}
+    while time.monotonic() < deadline:
+        logs = {n: (folder / "runs" / scenario / n / "healthcheck.log") for n in nodes}
+        if all(p.exists() and "# exit " in p.read_text() for p in logs.values()):
+            _scenario(folder, None)
+            return {n: p.read_text() for n, p in logs.items()}
+        time.sleep(1)
+    _scenario(folder, None)
+    pytest.fail(f"{scenario}: healthcheck.sh did not finish on {nodes} within {WAIT_S} s: "
+                f"{[(n, p.read_text()[-1500:] if p.exists() else 'no log') for n, p in logs.items()]}")
 
 
 def _reasons() -> dict[str, str]:
-    """`sinfo -R`: node -> reason, for every drained, draining or down node."""
-    out = subprocess.run(["sinfo", "-R", "--noheader", "--format=%N|%E"], capture_output=True, text=True,
-                         timeout=20, check=True).stdout
-    reasons = {}
-    for line in out.splitlines():
-        nodes, _, reason = line.partition("|")
-        for node in subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
-                                   timeout=20).stdout.split():
-            reasons[node] = reason.strip()
+    out = _slurm("sinfo", "--Node", "--noheader", "--format=%N|%E")
+    return {n: r for n, _, r in (line.partition("|") for line in out.splitlines()) if r.strip() != "none"}
+
+
+def _settled_reasons(want: set[str], wait_s: float = 20) -> dict[str, str]:
+    """sinfo's reasons once the drained nodes are `want` (slurmctld applies an update a moment later)."""
+    deadline = time.monotonic() + wait_s
+    while set(reasons := _reasons()) != want and time.monotonic() < deadline:
+        time.sleep(0.5)
     return reasons
 
 
-def _resume(node: str) -> None:
-    subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, text=True,
-                   timeout=20)
+def _resume_all() -> None:
+    for node in _reasons():
+        _slurm("scontrol", "update", f"nodename={node}", "state=resume", check=False)
 
 
 @pytest.fixture
-def drained_by_us(slurm_cluster):  # noqa: F811
-    """Nodes this test drained get resumed, whatever happens (the cluster is shared)."""
-    before = {n for n, r in _reasons().items()}
-    yield
-    for node, reason in _reasons().items():
-        if node not in before and reason.startswith("stackproof:"):
-            _resume(node)
+def clean(cluster):
+    _resume_all()
+    yield cluster
+    _scenario(cluster, None)
+    _resume_all()
 
 
-def _healthcheck(tmp_path: Path, node: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """srun the health check on `node` (one task, as root); (the step, that node's reports folder)."""
-    cmd = ["srun", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--time=4", f"--chdir={REPO}",
-           "bash", str(HEALTHCHECK), *args]
-    env = _rank_env(STACKPROOF_HEALTHCHECK_REPORTS=str(tmp_path), PYTHONPATH=str(REPO))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=REPO, env=env)
-    return proc, tmp_path / node
+def _prolog_job(nodes) -> subprocess.Popen:
+    """A real job on `nodes`: slurmd runs the Prolog on each before the job starts (PrologFlags=Alloc)."""
+    return subprocess.Popen(["srun", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", "--time=3",
+                             "--immediate=120", "--no-kill", "bash", "-c", "echo $SLURMD_NODENAME"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
 
 
-def _last_exit(reports: Path) -> int:
-    """validate's exit code, as healthcheck.sh logged it."""
-    lines = [line for line in (reports / "healthcheck.log").read_text().splitlines() if line.startswith("# exit ")]
-    return int(lines[-1].split()[-1])
-
-
-def test_a_fault_on_n2_drains_n2_only_and_resume_brings_it_back(tmp_path, drained_by_us):
-    started = time.monotonic()
-    proc, reports = _healthcheck(tmp_path, "n2", *ALLREDUCE, "--inject-fault", "allreduce-add-one")
-    step_s, step_ended = time.monotonic() - started, time.monotonic()
-    output = proc.stdout + proc.stderr
-    # In a Prolog (SLURM_JOB_ID set) a node just drained exits 1, so the job does not start there.
-    assert proc.returncode == 1, output[-4000:]
-    assert _last_exit(reports) == 1
-    report = json.loads((reports / "report.json").read_text())
-    assert [n["node"] for n in report["nodes"]] == ["n2"] and report["nodes"][0]["verdict"] == "FAIL"
-    reason = "stackproof: collectives::all_reduce[sum-float32] rank 1"
-    assert f"# stackproof act: run: scontrol update nodename=n2 state=drain 'reason={reason}'" in output
-
-    reasons, states = _reasons(), _sinfo_states()
+def _run(folder: Path, mode: str, **kw) -> tuple[dict[str, str], tuple[int | None, str, str] | None]:
+    """The scenario run by slurmd; (node -> healthcheck.log, the job's (exit, stdout, stderr) in a Prolog)."""
+    nodes = kw.get("nodes", NODES)
+    scenario = _scenario(folder, mode, **kw)
+    job = _prolog_job(nodes) if mode == "prolog" else None
+    logs = _finished(folder, scenario, nodes)
+    if job is None:
+        return logs, None
     try:
-        assert reasons.get("n2") == reason, reasons
-        assert states["n2"].rstrip("*~#") in ("drain", "drng"), states
-        assert "n1" not in reasons and states["n1"].rstrip("*~#") in ("idle", "mix", "alloc"), states
-    finally:
-        _resume("n2")
-    # n2 is drained from the end of the checks (within the step) until this resume.
-    print(f"healthcheck step on n2: {step_s:.1f} s; resumed {time.monotonic() - step_ended:.1f} s after it ended")
-    deadline = time.monotonic() + 30
-    while _sinfo_states()["n2"].rstrip("*~#") not in ("idle", "mix", "alloc"):
-        assert time.monotonic() < deadline, f"n2 not back after resume: {_sinfo_states()}"
-        time.sleep(0.5)
-    assert "n2" not in _reasons()
+        out, err = job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        out, err = job.communicate(timeout=20)
+    return logs, (job.returncode, out, err)
 
 
-@pytest.mark.parametrize(("case", "args", "code"), [
-    ("passes", ALLREDUCE, 0),
-    ("bad input", (*ALLREDUCE, "--expect-gpus", "-1"), 2),
-    # The tool's own limit: a rank that hangs makes the run incomplete (exit 4), which proves nothing about n2.
-    ("tool timeout", ("--expect-gpus", "0", "--tier", "full", "-k", "barrier", "--inject-fault", "hang",
-                      "--timeout", "5", "--check-timeout", "4", "--run-timeout", "30"), 4),
-])
-def test_outcomes_other_than_a_failed_check_drain_nothing(tmp_path, drained_by_us, case, args, code):
-    proc, reports = _healthcheck(tmp_path, "n2", *args)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{case}: {output[-4000:]}"
-    assert _last_exit(reports) == code, output[-4000:]
-    assert "run: scontrol" not in output
-    if code:
-        assert "# stackproof act: not acted on: exit code " + str(code) in output, output[-3000:]
-    else:
-        assert "# stackproof act: every node passed: nothing to act on" in output
-    assert not {n: r for n, r in _reasons().items() if r.startswith("stackproof:")}, _reasons()
+@pytest.mark.parametrize("mode", ["hc", "prolog"])
+def test_an_image_fault_drains_nothing_and_a_hardware_fault_drains_its_node(clean, tmp_path, mode):
+    """One scenario, both proofs (each run costs half a minute here): the image promises another torch than it
+    runs, on every node; n2's all_reduce is also broken. n1 (image fault only) stays in service, n2 is drained
+    for its hardware fault, n3 (not in the job, not checked) is untouched."""
+    pins = tmp_path / "expected.json"
+    pins.write_text(json.dumps({"torch": "1.0.0"}))
+    pins.chmod(0o644)
+    logs, job = _run(clean, mode, broken=("n2",), extra=f"--expect-file {pins}")
+    n1, n2 = logs["n1"], logs["n2"]
+    assert "n1: alert: stackproof: pins::versions_match_the_promise rank 0" in n1, n1[-3000:]
+    assert "stackproof ALERT: n1: alert" in n1 and "run: scontrol" not in n1, n1[-3000:]
+    assert "this node stays in service; exit 0" in n1 and "# exit 0" in n1, n1[-3000:]
+    reason = "stackproof: collectives::all_reduce[sum-float32] rank 0 (+1 more)"
+    assert f"run: scontrol update nodename=n2 state=drain 'reason={reason}'" in n2, n2[-3000:]
+    assert "# exit 1" in n2, n2[-3000:]
+    reasons = _settled_reasons({"n2"})
+    assert set(reasons) == {"n2"} and reasons["n2"] == reason, reasons
+    if job is not None:  # the Prolog said 1 on n2: the job did not run there
+        assert "n2" not in job[1].split(), job
 
 
-def test_a_run_without_a_job_acts_as_health_check_program(tmp_path, drained_by_us):
-    """HealthCheckProgram: root, no job, no srun; the node's name from the environment slurmd gives it."""
-    env = {**_rank_env(STACKPROOF_HEALTHCHECK_REPORTS=str(tmp_path), PYTHONPATH=str(REPO)), "SLURMD_NODENAME": "n2"}
-    proc = subprocess.run(["bash", str(HEALTHCHECK), *ALLREDUCE], capture_output=True, text=True,
-                          timeout=STEP_TIMEOUT_S, cwd="/", env=env)
-    assert proc.returncode == 0 and _last_exit(tmp_path / "n2") == 0, proc.stdout[-3000:]
-    assert os.stat(tmp_path / "n2" / "report.json").st_size > 0
-    assert "n2" not in _reasons()
+@pytest.mark.parametrize("mode", ["hc", "prolog"])
+def test_the_circuit_breaker_holds_a_drain_past_max_drained(clean, mode):
+    _slurm("scontrol", "update", "nodename=n1", "state=drain", "reason=stackproof: an earlier fault")
+    logs, job = _run(clean, mode, nodes=("n2",), broken=("n2",), extra="--max-drained 1")
+    log = logs["n2"]
+    assert "circuit breaker: 1 of 3 nodes out of service by stackproof (n1); --max-drained 1 allows 1" in log, \
+        log[-3000:]
+    assert "n2: alert (drain withheld: 1 of 3 nodes already out of service" in log, log[-3000:]
+    assert "run: scontrol" not in log and "# exit 0" in log
+    assert set(_reasons()) == {"n1"}, _reasons()
+    if job is not None:
+        assert job[0] == 0 and job[1].split() == ["n2"], job
 
 
-def test_act_on_a_two_node_run_drains_the_failed_node_only(tmp_path, drained_by_us):
-    """`stackproof act` after a real job over n1 and n2 whose rank 1 (on n2) failed: n2 is drained, n1 is not."""
-    reports = tmp_path / "reports"
-    cmd = ["srun", "--nodes=2", "--ntasks-per-node=1", "--time=5", "--kill-on-bad-exit=0", f"--chdir={REPO}",
-           PYTHON, "-m", "stackproof", "validate", "--reports", str(reports), *ALLREDUCE,
-           "--inject-fault", "allreduce-add-one"]
-    job = subprocess.run(cmd, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=REPO,
-                         env=_rank_env(PYTHONPATH=str(REPO)))
-    assert job.returncode == 1, (job.stdout + job.stderr)[-4000:]
-    act = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(reports), "--scheduler", "slurm"],
-                         capture_output=True, text=True, timeout=60, cwd=REPO, env=_rank_env(PYTHONPATH=str(REPO)))
-    try:
-        assert act.returncode == 0, act.stdout + act.stderr
-        assert "# stackproof act: failed node(s): n2" in act.stdout
-        reasons = _reasons()
-        assert reasons.get("n2") == "stackproof: collectives::all_reduce[sum-float32] rank 1", reasons
-        assert "n1" not in reasons
-    finally:
-        _resume("n2")
+def test_slurm_fleet_reads_the_live_sinfo(clean):
+    """The breaker's count from this cluster's own sinfo: partitions make the pool, the reason prefix counts."""
+    _slurm("scontrol", "update", "nodename=n3", "state=drain", f"reason={decide.PREFIX} x")
+    _slurm("scontrol", "update", "nodename=n1", "state=drain", "reason=someone else's")
+    out = _slurm(*slurm.FLEET)
+    assert slurm.fleet(out, {"n2"}) == breaker.Fleet(frozenset({"n1", "n2", "n3"}), frozenset({"n3"}))
+    assert shlex.join(slurm.FLEET).startswith("sinfo")
+
+
+def test_healthcheck_started_by_srun_on_every_node_acts_as_each_nodes_launcher(clean, tmp_path):
+    """`srun -N2 stackproof healthcheck`: each task has SLURM_PROCID / SLURM_NTASKS=2 (a rank of a 2-task step
+    before), runs its own node's check, and n2 (broken all_reduce) is drained, n1 not; srun exits 1 (n2's)."""
+    script = (f'[ "$SLURMD_NODENAME" != n2 ] || export PYTHONPATH={BROKEN_ALLREDUCE}:$PYTHONPATH; '
+              f'exec {PYTHON or __import__("sys").executable} -m stackproof healthcheck --scheduler slurm '
+              f'--node "$SLURMD_NODENAME" --reports {tmp_path}/"$SLURMD_NODENAME" {CHECKS} -k "{SELECTION}"')
+    proc = subprocess.run(["srun", "--nodelist=n1,n2", "--nodes=2", "--ntasks-per-node=1", "--time=3",
+                           "--kill-on-bad-exit=0", f"--chdir={REPO}", "bash", "-c", script],
+                          capture_output=True, text=True, timeout=WAIT_S,
+                          env={**_env(), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    ignored = [line for line in out.splitlines() if "runs as this node's launcher, not as a rank: ignoring" in line]
+    assert len(ignored) == 2 and all("SLURM_PROCID" in x and "SLURM_NTASKS" in x for x in ignored), out[-4000:]
+    assert "this node stays in service; exit 0" in out and "this node taken out of service (n2); exit 1" in out
+    assert set(_settled_reasons({"n2"})) == {"n2"}

@@ -20,6 +20,8 @@
 #      SLURM_CONF (default /etc/slurm/slurm.conf) and SLURM_CLUSTER_NAME (default stackproof): a second,
 #      separate cluster on the same host (its own conf, state, pid and log dirs) takes both plus its own ports;
 #      Slurm's commands find it through the same SLURM_CONF.
+#      SLURM_CLUSTER_EXTRA_CONF: lines appended to that slurm.conf (tests/test_act_slurm.py gives its own
+#      cluster a HealthCheckProgram and a Prolog this way); a change restarts the daemons.
 set -euo pipefail
 
 WAIT_S="${SLURM_CLUSTER_WAIT_S:-60}"
@@ -178,6 +180,7 @@ NodeName=n2 NodeAddr=127.0.0.1 NodeHostname=$host Port=$((PORT_BASE + 2)) CPUs=$
 NodeName=n3 NodeAddr=127.0.0.1 NodeHostname=$host Port=$((PORT_BASE + 3)) CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=60 State=UP OverSubscribe=YES
 PartitionName=trio Nodes=n[1-3] MaxTime=60 State=UP OverSubscribe=YES
+${SLURM_CLUSTER_EXTRA_CONF:-}
 CONF
 changed=1
 if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new"; then changed=0; fi

@@ -1,6 +1,8 @@
 """Acting on a verdict: drain a Slurm node, label and taint a Kubernetes node. A third role beside images/ (build)
 and suite/ (validate): it reads a finished run's report.json (docs/report-format.md); healthcheck runs validate first.
 
-decide.py: the policy (which outcomes act, on which nodes, with which reason); config.py: the settings and their
-flags; slurm.py and kubernetes.py: the commands of the schedulers' own tools (scontrol, kubectl); tool.py: running
-them; run.py: `stackproof act` and `stackproof healthcheck` (validate this node, then act)."""
+policy.py: the table, (category, severity) -> drain / alert / report; decide.py: that table applied to a report,
+per node, with the reason a person reads; breaker.py: the fleet circuit breaker (--max-drained); config.py: the
+settings and their flags; slurm.py and kubernetes.py: the commands of the schedulers' own tools (scontrol, sinfo,
+kubectl); hardware.py: what the node itself shows (GPUs on the PCI bus, GPUs in use); tool.py: their error;
+run.py: `stackproof act` and `stackproof healthcheck` (validate this node, then act; the exit-code contract)."""

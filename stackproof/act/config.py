@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from stackproof.act.breaker import limit_problem
 from stackproof.settings import Settings, at_least, option, positive
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
@@ -12,19 +13,33 @@ SCHEDULERS = ("slurm", "kubernetes", "none")
 
 @dataclasses.dataclass(frozen=True)
 class ActConfig(Settings):
-    scheduler: str | None = option(None, "act through slurm (scontrol: drain a failed node), kubernetes (kubectl: "
-                                         "label every node, annotate and taint a failed one) or none (say what "
-                                         "would be done)", choices=SCHEDULERS)
+    scheduler: str | None = option(None, "act through slurm (scontrol: drain a node with a hardware failure), "
+                                         "kubernetes (kubectl: label every node pass/fail, annotate a failed one, "
+                                         "taint one with a hardware failure) or none (say what would be done); "
+                                         "the policy table: docs/act.md", choices=SCHEDULERS)
     node: str | None = option(None, "the node's name in the scheduler. healthcheck: this node's (default "
                                     "STACKPROOF_NODE_NAME, SLURMD_NODENAME, else the host name); act: act on this "
                                     "node only (default: every node of the report)", metavar="NAME")
-    act_timeout: float = option(30.0, "seconds each scontrol / kubectl call may take", metavar="S", check=positive)
-    max_nodes: int | None = option(None, "act on no node when more than N nodes of one run failed (a failure that "
-                                         "wide is more likely the image or the settings); default: no limit",
+    act_timeout: float = option(30.0, "seconds each scontrol / sinfo / kubectl call may take", metavar="S",
+                                check=positive)
+    max_nodes: int | None = option(None, "drain no node when more than N nodes of one run are to be drained (a "
+                                         "failure that wide is more likely the image or the settings); default: "
+                                         "no limit",
                                    metavar="N", check=at_least(1))
+    max_drained: str = option("10%", "drain no node when the nodes stackproof has already drained (Slurm: its "
+                                     "reason in sinfo -R) or tainted (Kubernetes), with this one, would be more "
+                                     "than N, or than P% of the node's partitions / GPU node pool (rounded up): "
+                                     "the failure is then reported and alerted on, not acted on",
+                              metavar="N|P%", check=limit_problem)
+
+    skip_busy_gpus: bool = option(False, "check only the GPUs no process is using (NVML), saying which are "
+                                         "skipped and expecting that many fewer; every GPU busy: check nothing, "
+                                         "exit 0 (the DaemonSet, which holds no GPU, sets it)")
 
     def __post_init__(self) -> None:
         problems = self.field_problems()
         if self.scheduler is None:
-            problems.append(f"--scheduler: expected one of {', '.join(SCHEDULERS)}, found none")
-        self.refuse(problems, "stackproof healthcheck --help")
+            problems.append(f"--scheduler: expected the flag, with one of {', '.join(SCHEDULERS)}, found no "
+                            "--scheduler; fix: pass --scheduler slurm or kubernetes to act, or --scheduler none to "
+                            "only say what would be done")
+        self.refuse(problems, "stackproof act --help, stackproof healthcheck --help")

@@ -3,14 +3,34 @@ running jobs and takes no new ones; a person brings it back with `scontrol updat
 
 from __future__ import annotations
 
-from stackproof.act.decide import NodeAction
+from stackproof.act.breaker import Fleet
+from stackproof.act.decide import PREFIX, NodeAction
 
 FIX = ("run as root or SlurmUser (HealthCheckProgram and Prolog do), on a host whose slurm.conf reaches "
        "slurmctld, with the node's Slurm name (--node)")
+# One line per node and partition: name, partitions, reason ('none' when it has none).
+FLEET = ["sinfo", "--Node", "--noheader", "--format=%N|%P|%E"]
 
 
 def commands(action: NodeAction) -> list[list[str]]:
-    """A failed node is drained; a node that passed is left as it is (a drained node comes back by a person)."""
-    if not action.failed:
+    """A node to drain is drained; any other is left as it is (a drained node comes back by a person)."""
+    if not action.drain:
         return []
     return [["scontrol", "update", f"nodename={action.node}", "state=drain", f"reason={action.reason}"]]
+
+
+def fleet(sinfo: str, targets: set[str]) -> Fleet:
+    """FLEET's output -> the nodes of the targets' partitions, and which of them stackproof drained."""
+    partitions: dict[str, set[str]] = {}
+    drained = set()
+    for line in sinfo.splitlines():
+        parts = line.split("|", 2)
+        if len(parts) < 3:
+            continue
+        node, partition, reason = (p.strip() for p in parts)
+        partitions.setdefault(node, set()).add(partition.rstrip("*"))
+        if reason.startswith(PREFIX):
+            drained.add(node)
+    wanted = set().union(*(partitions.get(t, set()) for t in targets)) if targets else set()
+    pool = {n for n, parts in partitions.items() if parts & wanted} or set(partitions)
+    return Fleet(frozenset(pool), frozenset(drained & pool))
