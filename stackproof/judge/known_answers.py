@@ -150,3 +150,26 @@ def check_counts(max_bytes: int, element_size: int) -> list[int]:
     top = max(1, max_bytes // element_size)
     by_bytes = [nbytes // element_size for nbytes in (*MID_RANGE_BYTES, DDP_BUCKET_BYTES)]
     return sorted({c for c in (*ODD_COUNTS, *by_bytes, top) if 0 < c <= top})
+
+
+# --- Products (convolutions, GEMMs) against an exact or float64 reference ---------------------------------------
+
+PRODUCT_ULPS = 4  # units of the compute precision per unit of magnitude an algorithm may lose (Winograd, split-K)
+
+
+def product_bound(reference, magnitude, compute_eps: float, output_eps: float):
+    """How far a product computed in low precision may be from its float64 `reference`, per element: rounding the
+    output (one ulp of the output type) plus PRODUCT_ULPS units of the compute precision times `magnitude`, the
+    same product taken over absolute values (sum |x| |w|), which bounds every partial sum whatever the order."""
+    return output_eps * abs(reference) + PRODUCT_ULPS * compute_eps * magnitude
+
+
+# The convolutions ResNet-50 (torchvision v1.5) runs: (in channels, out channels, kernel, stride, input size at
+# 224 x 224). Every kernel/stride pair and every channel ratio it has, stem to last stage.
+RESNET50_CONVS = (
+    (3, 64, 7, 2, 224),
+    (64, 64, 1, 1, 56), (64, 64, 3, 1, 56), (64, 256, 1, 1, 56), (256, 64, 1, 1, 56),
+    (256, 128, 1, 1, 56), (128, 128, 3, 2, 56), (256, 512, 1, 2, 56),
+    (512, 256, 1, 1, 28), (256, 256, 3, 2, 28), (256, 1024, 1, 1, 14), (1024, 256, 1, 1, 14), (256, 256, 3, 1, 14),
+    (512, 512, 3, 2, 14), (2048, 512, 1, 1, 7), (512, 512, 3, 1, 7), (512, 2048, 1, 1, 7),
+)
