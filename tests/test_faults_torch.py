@@ -5,6 +5,7 @@ checks each fault leaves alone stay green. Rank-vs-rank comparison misses all of
 import sys
 from pathlib import Path
 
+import pytest
 from test_validate_cpu import EXIT_FAILED, checks, validate
 
 PLUGINS = Path(__file__).parent / "fault_plugins"
@@ -48,3 +49,30 @@ def test_collective_faults_every_rank_agrees_on_are_caught(tmp_path):
                            *(f"collectives::reduce_scatter[avg-{d}]" for d in ("float32", "float16", "bfloat16",
                                                                                 "float64")),
                            *(f"collectives::all_gather[{d}]" for d in ("float32", "bfloat16", "int64"))}
+
+
+def test_compute_faults_are_caught_and_a_healthy_rank_stays_green(tmp_path):
+    proc, report = validate_with_faults(tmp_path, ["conv-zeroes-channels", "compile-wrong-later"],
+                                        "-k", "convolutions or compile")
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = failed_messages(report)
+    for dtype in ("float32", "bfloat16"):  # rank 1's 3x3 convolutions lose their last 1/16 of channels
+        message = failed[f"convolutions::convolutions_give_the_known_answer[{dtype}]"]
+        assert "failed on rank(s) [1] of 2" in message and "3x3" in message and "1x1" not in message
+    message = failed["compile::torch_compile_matches_eager"]  # right on the first call, wrong on the second
+    assert "call 2 of 3: compiled != eager" in message
+
+
+# ddp-summed (the sum, not the mean) is caught like ddp-divided-twice (both scale the step by the world size);
+# it stays out of CI to save a run: tests/fault_plugins/torch_faults.py has it for a manual run.
+@pytest.mark.parametrize(("fault", "words"), [
+    ("ddp-broadcast-lost", "rank(s) [1]: rank 1 after one DDP step (SGD lr 0.1, ranks seeded apart): after DDP's "
+                           "start-up broadcast"),  # rank 1 keeps its own seed's weights; its gradient spoils rank 0's
+    ("ddp-divided-twice", "parameter 0.weight"),  # every rank agrees on half the mean: only the reference tells
+    ("ddp-wrong-contribution", "parameter 0.weight"),  # rank 1's doubled gradient in every rank's mean
+])
+def test_ddp_faults_every_rank_may_agree_on_are_caught(tmp_path, fault, words):
+    proc, report = validate_with_faults(tmp_path, [fault], "-k", "single_process_reference")
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    message = failed_messages(report)["ddp_resnet::one_step_equals_a_single_process_reference"]
+    assert "failed on rank(s) [0, 1] of 2" in message and words in message, message

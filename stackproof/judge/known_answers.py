@@ -173,3 +173,14 @@ RESNET50_CONVS = (
     (512, 256, 1, 1, 28), (256, 256, 3, 2, 28), (256, 1024, 1, 1, 14), (1024, 256, 1, 1, 14), (256, 256, 3, 1, 14),
     (512, 512, 3, 2, 14), (2048, 512, 1, 1, 7), (512, 512, 3, 1, 7), (512, 2048, 1, 1, 7),
 )
+
+
+# --- One DDP step against a single-process reference ------------------------------------------------------------
+
+def ddp_step_bound(eps: float, world: int, lr: float, reference, mean_abs_grad):
+    """How far a rank's parameter after one SGD step (p - lr * mean of the ranks' gradients) may be from the
+    float64 reference, per element: one rounding of the parameter, and the mean's rounding error (each rank's
+    gradient divided by the world, world - 1 adds: at most world units of `eps` times the mean |gradient|), with
+    PRODUCT_ULPS units for kernels that reduce in another order. Summing instead of averaging, dividing twice or a
+    rank's wrong gradient moves the parameter by lr x a whole gradient, far outside."""
+    return eps * abs(reference) + lr * (world + 1 + PRODUCT_ULPS) * eps * mean_abs_grad
