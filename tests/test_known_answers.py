@@ -23,10 +23,10 @@ def _columns(world: int) -> torch.Tensor:
     return torch.arange(7 * recipe.sparsity(world) + recipe.ROUNDING_EVERY + 3, dtype=torch.float64)
 
 
-def _inputs(op, world, dtype, call=0):
+def _inputs(op, world, dtype):
     index = _columns(world)
     ranks = torch.arange(world, dtype=torch.float64)[:, None]
-    values = recipe.contribution(op, ranks, world, index[None, :], call=call, bits=known_answers.bits_of(dtype))
+    values = recipe.contribution(op, ranks, world, index[None, :], bits=known_answers.bits_of(dtype))
     cast = values.to(dtype)
     assert torch.equal(cast.double(), values), f"{op} inputs at world {world} are not exact in {dtype}"
     return cast, index

@@ -3,6 +3,8 @@
 The functions take array-likes (torch tensors or numpy arrays: only + - * // % and comparisons are used), so the
 suite runs them on the device and unit tests run them on the CPU for any world size without launching ranks.
 
+Repeated calls on one shape read the pattern from index 1, 2, ... on (a shifted window): fresh data, made once.
+
 Exact at any world size (checked for 2..4096 ranks in tests/test_known_answers.py): a sum element gets non-zero
 inputs from at most CONTRIBUTORS ranks, each a whole number 1..7, so every partial sum in any order (ring, tree) is
 a whole number <= 252, exact in bf16 (8 significant bits); the other ranks add zeros. Every rank still contributes
@@ -47,48 +49,48 @@ def _is_rounding(index, world: int, bits: int | None):
     return (index % ROUNDING_EVERY == ROUNDING_EVERY - 1) * 1 if rounds(world, bits) else index * 0
 
 
-def _regular(rank, world: int, index, call: int):
-    """1..7 on the ranks active for `index` (one in sparsity(world)), 0 elsewhere; shifted by `call`."""
-    active = ((rank + index + call) % sparsity(world) == 0) * 1
-    return active * ((index + 3 * rank + 5 * call) % VALUES + 1)
+def _regular(rank, world: int, index):
+    """1..7 on the ranks active for `index` (one in sparsity(world)), 0 elsewhere."""
+    active = ((rank + index) % sparsity(world) == 0) * 1
+    return active * ((index + 3 * rank) % VALUES + 1)
 
 
-def _rounding(rank, world: int, index, call: int, bits: int):
-    big_rank = (index // ROUNDING_EVERY + call) % world
+def _rounding(rank, world: int, index, bits: int):
+    big_rank = (index // ROUNDING_EVERY) % world
     return (rank == big_rank) * 2.0**bits + (rank == (big_rank + 1) % world) * ROUNDING_SMALL
 
 
-def contribution(op: str, rank, world: int, index, *, call: int = 0, bits: int | None = None, integral: bool = False):
-    """Rank `rank`'s input at positions `index` (either may be an array) for `op` over `world` ranks; `call`
-    numbers repeated calls on one shape so each gets fresh data; `bits`: the dtype's significant bits (None for
-    integers); `integral`: an integer dtype (an average of integers is taken of multiples of the world size)."""
+def contribution(op: str, rank, world: int, index, *, bits: int | None = None, integral: bool = False):
+    """Rank `rank`'s input at positions `index` (either may be an array) for `op` over `world` ranks; `bits`:
+    the dtype's significant bits (None for integers); `integral`: an integer dtype (an average of integers is
+    taken of multiples of the world size)."""
     if op in ("sum", "avg"):
-        values = _regular(rank, world, index, call)
+        values = _regular(rank, world, index)
         if op == "avg" and integral:
             return world * values
         if op == "sum" and rounds(world, bits):
             rounding = _is_rounding(index, world, bits)
-            return (1 - rounding) * values + rounding * _rounding(rank, world, index, call, bits)
+            return (1 - rounding) * values + rounding * _rounding(rank, world, index, bits)
         return values
     if op in ("max", "min"):
-        return (index * 5 + rank * 11 + call) % MINMAX_PERIOD - 6
+        return (index * 5 + rank * 11) % MINMAX_PERIOD - 6
     if op == "product":
-        choice = (index + rank + call) % 3
+        choice = (index + rank) % 3
         two = 1 + (rank < PRODUCT_TWOS) * 1
         return (choice == 0) * 1 + (choice == 1) * two - (choice == 2) * 1
     raise ValueError(f"op {op!r}: expected one of {OPS}")
 
 
-def exact(op: str, world: int, index, *, call: int = 0, bits: int | None = None, integral: bool = False):
+def exact(op: str, world: int, index, *, bits: int | None = None, integral: bool = False):
     """The exact result over every rank's `contribution` (whole numbers, or a float64-exact 2**p + 1.5 at
     rounding elements, or sum / world for a floating average): cast once to the dtype (rounding to nearest)
     it is what a correct reduction gives. Costs O(min(world, 36) x len(index)), whatever the world size."""
     if op in ("sum", "avg"):
         stride, total = sparsity(world), index * 0
-        first = (-(index + call)) % stride  # the lowest active rank for each index
+        first = (-index) % stride  # the lowest active rank for each index
         for k in range(-(-world // stride)):
             rank = first + k * stride
-            total = total + (rank < world) * ((index + 3 * rank + 5 * call) % VALUES + 1)
+            total = total + (rank < world) * ((index + 3 * rank) % VALUES + 1)
         if op == "avg":
             return total if integral else total / world
         if rounds(world, bits):
@@ -98,7 +100,7 @@ def exact(op: str, world: int, index, *, call: int = 0, bits: int | None = None,
     if op in ("max", "min"):
         found = None
         for rank in range(min(world, MINMAX_PERIOD)):
-            value = contribution(op, rank, world, index, call=call)
+            value = contribution(op, rank, world, index)
             if found is None:
                 found = value
             else:  # max / min with arithmetic only, so that numpy arrays and tensors alike take it
@@ -107,9 +109,9 @@ def exact(op: str, world: int, index, *, call: int = 0, bits: int | None = None,
     if op == "product":
         result = index * 0 + 1
         for rank in range(min(world, PRODUCT_TWOS)):  # the twos
-            result = result * (1 + ((index + rank + call) % 3 == 1) * 1)
-        # the sign: how many ranks r < world have (index + r + call) % 3 == 2
-        first = (2 - index - call) % 3
+            result = result * (1 + ((index + rank) % 3 == 1) * 1)
+        # the sign: how many ranks r < world have (index + r) % 3 == 2
+        first = (2 - index) % 3
         negatives = (first < world) * ((world - 1 - first) // 3 + 1)
         return result * (1 - 2 * (negatives % 2))
     raise ValueError(f"op {op!r}: expected one of {OPS}")
@@ -118,10 +120,11 @@ def exact(op: str, world: int, index, *, call: int = 0, bits: int | None = None,
 DENSE_PERIOD = 251  # a prime: ranks r and r + 251 are the first to send alike
 
 
-def dense(rank, index, *, call: int = 0):
+def dense(rank, index):
     """What a rank sends in a broadcast or all_gather: -125..125 (exact in bf16), at every index, differing
-    between ranks (up to 251 apart) and between calls (by 1 at every element, so a stale buffer shows)."""
-    return (index + 97 * rank + 31 * call) % DENSE_PERIOD - DENSE_PERIOD // 2
+    between ranks (up to 251 apart) and between neighbouring indices (by 1: a call that reads the pattern one
+    index on differs from the previous call at every element, so a stale buffer shows)."""
+    return (index + 97 * rank) % DENSE_PERIOD - DENSE_PERIOD // 2
 
 
 def average_is_exact(world: int) -> bool:

@@ -25,22 +25,21 @@ def _index(count: int, device: torch.device) -> torch.Tensor:
     return torch.arange(count, device=device, dtype=torch.float64)
 
 
-def rank_input(op: str, rank: int, world: int, count: int, dtype: torch.dtype, device: torch.device,
-               call: int = 0) -> torch.Tensor:
-    """Rank `rank`'s contribution: exact in `dtype`, different per rank, per index and per `call`."""
-    values = recipe.contribution(op, rank, world, _index(count, device), call=call, bits=bits_of(dtype),
+def rank_input(op: str, rank: int, world: int, count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Rank `rank`'s contribution: exact in `dtype`, different per rank and per index."""
+    values = recipe.contribution(op, rank, world, _index(count, device), bits=bits_of(dtype),
                                  integral=not dtype.is_floating_point)
     return values.to(dtype)
 
 
-def dense_input(rank: int, count: int, dtype: torch.dtype, device: torch.device, call: int = 0) -> torch.Tensor:
-    """What rank `rank` sends in a broadcast or all_gather: non-zero almost everywhere, fresh per `call`."""
-    return recipe.dense(rank, _index(count, device), call=call).to(dtype)
+def dense_input(rank: int, count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """What rank `rank` sends in a broadcast or all_gather: non-zero almost everywhere."""
+    return recipe.dense(rank, _index(count, device)).to(dtype)
 
 
-def expected(op: str, world: int, count: int, dtype: torch.dtype, device: torch.device, call: int = 0) -> torch.Tensor:
+def expected(op: str, world: int, count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The exact reduction over every rank's input, rounded once to nearest in `dtype`."""
-    return recipe.exact(op, world, _index(count, device), call=call, bits=bits_of(dtype),
+    return recipe.exact(op, world, _index(count, device), bits=bits_of(dtype),
                         integral=not dtype.is_floating_point).to(dtype)
 
 
@@ -50,6 +49,12 @@ class Mismatch:
     found: float
     expected: float
     wrong: int
+
+
+def call_window(values: torch.Tensor, call: int, count: int) -> torch.Tensor:
+    """Call `call`'s data on a shape of `count`: the pattern read from index `call` on (`values` holds
+    count + calls - 1 elements, made once), so every call on one shape gets different data at no extra cost."""
+    return values[call:call + count]
 
 
 def first_mismatch(found: torch.Tensor, want: torch.Tensor, ulps: int = 0) -> Mismatch | None:
