@@ -204,3 +204,17 @@ def _ddp_wrong_contribution(rank):
             buffer.mul_(2)
         return _all_reduce_then(buffer.div_(dist.get_world_size()), lambda summed: summed)
     _ddp_hook(hook)
+
+
+@fault("capture-breaks")
+def _capture_breaks(_rank):
+    """An all_reduce that cannot be captured in a CUDA graph: it synchronizes the device, which CUDA refuses
+    while a stream captures. Needs 2 GPUs (the graph check is multi-rank): not run in CI."""
+    real = dist.all_reduce
+
+    @functools.wraps(real)
+    def all_reduce(tensor, *args, **kwargs):
+        if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize(tensor.device)
+        return real(tensor, *args, **kwargs)
+    dist.all_reduce = all_reduce
