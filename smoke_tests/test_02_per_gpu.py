@@ -235,6 +235,8 @@ def test_gemm_throughput(own, dist_env, settings, report):
     verdict = dist_env.agree({"model": model, "value": flops}, "the GEMM throughputs",
                              decide=functools.partial(gpu_proof.below_median_by_model, tolerance=settings.gpu_spread))
     _every_gpu(report, dist_env, gpu, "gemm_bf16", flops, bar, 1e12, "TFLOP/s")
+    if isinstance(error, gpu_proof.WrongGemm):  # the GPU computes wrong: as silent data corruption
+        report.classify("gpu-hardware", "isolate")
     if error is not None:
         raise error
     slow = {entry["rank"]: entry for entry in verdict["slow"]}

@@ -4,6 +4,7 @@ transport NCCL chose, and a pass threshold derived from the measured topology un
 import os
 
 import pytest
+import torch
 
 from stackproof.judge import bars
 from stackproof.suite import bandwidth, topology
@@ -69,8 +70,11 @@ def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
     try:
         rows = [bandwidth.time_all_reduce_graph(size, dist_env.world_size, dist_env.device, settings.iters)
                 for size in sizes]
-    except RuntimeError as err:  # torch refuses the capture: say why; a hang is the watchdog's to name
-        pytest.skip(f"this torch/NCCL cannot capture all_reduce in a CUDA graph: {str(err).splitlines()[0]}")
+    except RuntimeError as err:  # this NCCL supports capture, so a refusal is a failure; a hang is the watchdog's
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        pytest.fail(f"all_reduce from a CUDA graph: expected NCCL {'.'.join(map(str, torch.cuda.nccl.version()))} "
+                    f"to capture it (NCCL >= 2.9.6 can), found: {first}; fix: check the driver against the image's "
+                    "CUDA and that no NCCL_* setting (e.g. NCCL_GRAPH_REGISTER, NCCL_RUNTIME_CONNECT) breaks capture")
     report.say("\n" + bandwidth.format_table(rows, (
         f"all_reduce sum in-place from a CUDA graph ({settings.iters} per graph, {bandwidth.GRAPH_LAUNCHES} "
         f"launches), {dist_env.world_size} ranks, GB = 1e9 B, time = mean over ranks")))

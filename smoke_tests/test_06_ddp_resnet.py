@@ -1,5 +1,6 @@
 """End to end: torchvision ResNet-50 under DDP with a DistributedSampler over a synthetic dataset.
-AMP bf16 + channels_last on GPU; fp32 and small images on CPU so CI stays fast."""
+AMP bf16 + channels_last on GPU; fp32 and small images on CPU so CI stays fast. And one DDP step against a
+single-process reference (a small BatchNorm network, ranks seeded apart): what every rank agrees on is right too."""
 
 import io
 import math
@@ -14,6 +15,7 @@ import torchvision
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from stackproof.judge import known_answers as recipe
 from stackproof.suite import consensus, faults, training
 
 WARMUP_STEPS_GPU = 5
@@ -150,3 +152,50 @@ def test_checkpoint_reloads_identically_on_every_rank(run, dist_env, report):
     report.figure("digest", run["mine"]["checkpoint"])
     assert dist_env.rank not in run["verdict"]["checkpoint"], \
         "this rank reloaded rank 0's checkpoint into different weights"
+
+
+def _off(found: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> str:
+    """'' when every element of `found` is within `bound` of `want`; else the worst one, in words."""
+    excess = (found.detach().double() - want.double()).abs() - bound
+    if not (excess > 0).any():
+        return ""
+    worst = int(excess.reshape(-1).argmax())
+    return (f"{int((excess > 0).sum())} of {excess.numel()} elements off, worst at flat index {worst}: found "
+            f"{found.reshape(-1)[worst].item():.8g}, expected {want.reshape(-1)[worst].item():.8g} "
+            f"+- {bound.reshape(-1)[worst].item():.2g}")
+
+
+def test_one_step_equals_a_single_process_reference(dist_env, report):
+    """Each rank builds its network from its own seed (so DDP's start-up broadcast has work to do) and takes one
+    DDP step on its own shard; every rank's parameters must then equal one step computed in this process on the
+    whole global batch, and its BatchNorm buffers those of its shard, within the float32 rounding of the step."""
+    report.classify("software-pins", "triage")
+    rank, world, device = dist_env.rank, dist_env.world_size, dist_env.device
+    # Deterministic fp32 kernels (no TF32): the reference repeats each rank's forward and backward exactly.
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False):
+        model = training.small_net(training.REFERENCE_SEED + rank).to(device)
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if dist_env.is_gpu else None)
+        start = training.small_net(training.REFERENCE_SEED).state_dict()  # rank 0's, rebuilt here
+        unsynced = [name for name, value in model.state_dict().items() if not torch.equal(value.cpu(), start[name])]
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=training.REFERENCE_LR)
+        images, labels = training.reference_shard(rank, world)
+        training.sgd_step(ddp, images.to(device), labels.to(device), optimizer)
+        reference = training.reference_step(world, device)
+    eps = torch.finfo(torch.float32).eps
+    problems = [f"after DDP's start-up broadcast, {len(unsynced)} tensors still differ from rank 0's, first "
+                f"{unsynced[0]}"] if unsynced else []
+    for name, param in model.named_parameters():
+        want = reference.params[name]
+        bound = recipe.ddp_step_bound(eps, world, training.REFERENCE_LR, want.abs(), reference.mean_abs_grad[name])
+        if wrong := _off(param, want, bound):
+            problems.append(f"parameter {name}: {wrong}")
+    for name, buffer in model.named_buffers():
+        want = reference.buffers[rank][name]
+        bound = recipe.PRODUCT_ULPS * eps * want.double().abs() if want.is_floating_point() else want.double() * 0
+        if wrong := _off(buffer, want, bound):
+            problems.append(f"buffer {name}: {wrong}")
+    report.figure("reference", f"{world} shards x {training.REFERENCE_BATCH} images, one process")
+    report.hint("DDP's step differs from the same step on one process: check DDP comm hooks, gradient division "
+                "(gradient_predivide_factor), the start-up broadcast (broadcast_buffers, init_sync) and the backend")
+    assert not problems, (f"rank {rank} after one DDP step (SGD lr {training.REFERENCE_LR}, ranks seeded apart): "
+                          + "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))

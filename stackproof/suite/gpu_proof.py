@@ -124,7 +124,47 @@ def gemm_flops_per_s(device: torch.device, n: int = 8192, dtype: torch.dtype = t
         warmup = 0  # done; warming up again would wait out the neighbour's queue
     seconds, seen = seconds_per_iteration(device, step, warmup, iters, during)
     torch.cuda.synchronize(device)  # the neighbour's work, if any, ends before its buffers go
+    wrong = gemm_known_answer_problem(device, n, dtype)
+    if wrong:
+        raise WrongGemm(wrong)
     return 2 * n**3 / seconds, seen
+
+
+class WrongGemm(AssertionError):
+    """The timed GEMM kernel computes wrong numbers: a finding about the GPU, not a slow figure."""
+
+
+GEMM_CHECK_OPERANDS = 2  # operand pairs through the timed kernel; two vectors of Freivalds' identity each
+GEMM_CHECK_NONZEROS = 128  # per row of A: every partial sum of a row of A @ B is a whole number <= ~170 < 256
+
+
+def gemm_known_answer_problem(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16,
+                              operands: int = GEMM_CHECK_OPERANDS, seed: int = 20260103) -> str:
+    """'' when the kernel the throughput check times (torch.matmul into `out`, n x n x n, `dtype`) gives the
+    exact product; else what was wrong. A holds about 128 entries +-1 per row, B is +-1, so every entry and every
+    partial sum of A @ B is a whole number of at most ~170: exact in bf16 whatever the order or split of the
+    reduction. Freivalds' identity, (A @ B) x == A (B x), is then exact in float64 for x of +-1 (n^2 work, not
+    n^3); any wrong element changes its row's sum by a non-zero amount."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def signs(*shape):
+        return torch.randint(0, 2, shape, device=device, generator=generator, dtype=torch.int8) * 2 - 1
+
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for operand in range(operands):
+        keep = torch.rand(n, n, device=device, generator=generator) < GEMM_CHECK_NONZEROS / n
+        a, b = (signs(n, n) * keep).to(dtype), signs(n, n).to(dtype)
+        torch.matmul(a, b, out=out)
+        a64, b64, c64 = a.double(), b.double(), out.double()
+        for _ in range(2):
+            x = signs(n).double()
+            wrong_rows = (torch.mv(c64, x) != torch.mv(a64, torch.mv(b64, x))).nonzero()
+            if len(wrong_rows):
+                row = int(wrong_rows[0, 0])
+                return (f"the {n}^3 {str(dtype).removeprefix('torch.')} GEMM the throughput check times gave wrong "
+                        f"elements in {len(wrong_rows)} of {n} rows (operand pair {operand + 1}, first row {row}): "
+                        "(A @ B) x != A (B x) for whole-number operands whose product is exact in every dtype")
+    return ""
 
 
 # --- Cross-rank decisions (rank 0 takes them on every rank's value, in rank order) ------------------------------

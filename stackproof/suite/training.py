@@ -137,3 +137,67 @@ def images_per_second(step, batch: int, steps: int, device: torch.device) -> flo
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return batch * steps / (time.perf_counter() - begin)
+
+
+# --- One DDP step against a single-process reference: a small network, so every rank can compute the reference
+# on the whole global batch in a moment (ResNet-50 on CPU would take minutes per rank) --------------------------
+
+REFERENCE_SEED = 1000  # rank r builds its network from seed REFERENCE_SEED + r: DDP's broadcast must fix that
+REFERENCE_BATCH, REFERENCE_IMAGE, REFERENCE_CLASSES, REFERENCE_LR = 4, 16, 10, 0.1
+
+
+class SmallNet(torch.nn.Sequential):
+    """Two convolutions with BatchNorm (running statistics are buffers DDP broadcasts) and a linear head."""
+
+    def __init__(self):
+        nn = torch.nn
+        super().__init__(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, REFERENCE_CLASSES))
+
+
+def small_net(seed: int) -> SmallNet:
+    """Built on the CPU from `seed` without touching the global generator."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SmallNet()
+
+
+def reference_shard(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    images = SyntheticImages(world * REFERENCE_BATCH, REFERENCE_IMAGE, seed=1)
+    images, labels = images.batch(range(rank * REFERENCE_BATCH, (rank + 1) * REFERENCE_BATCH))
+    return images, labels % REFERENCE_CLASSES
+
+
+def sgd_step(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, optimizer=None) -> None:
+    """Forward in training mode, cross-entropy, backward; and the optimizer's step when given one."""
+    loss = torch.nn.functional.cross_entropy(model(images), labels)
+    loss.backward()
+    if optimizer is not None:
+        optimizer.step()
+
+
+@dataclasses.dataclass
+class ReferenceStep:
+    params: dict[str, torch.Tensor]  # float64, after the step
+    mean_abs_grad: dict[str, torch.Tensor]  # mean over shards of |gradient|
+    buffers: list[dict[str, torch.Tensor]]  # each shard's BatchNorm buffers after its forward
+
+
+def reference_step(world: int, device: torch.device) -> ReferenceStep:
+    """One SGD step as DDP defines it, in this one process: rank 0's initial network, each rank's shard
+    forward and backward on its own (BatchNorm normalises with the shard's statistics, as on its rank), the
+    gradients averaged over the shards in float64, p - lr x mean."""
+    start = small_net(REFERENCE_SEED).state_dict()
+    grads, abs_grads, buffers = {}, {}, []
+    for rank in range(world):  # O(world) small steps; memory stays at one network
+        model = SmallNet().to(device)
+        model.load_state_dict(start)
+        images, labels = reference_shard(rank, world)
+        sgd_step(model, images.to(device), labels.to(device))
+        for name, param in model.named_parameters():
+            grads[name] = grads.get(name, 0) + param.grad.double()
+            abs_grads[name] = abs_grads.get(name, 0) + param.grad.double().abs()
+        buffers.append({name: b.detach().clone() for name, b in model.named_buffers()})
+    params = {name: start[name].to(device).double() - REFERENCE_LR * grads[name] / world for name in grads}
+    return ReferenceStep(params, {name: total / world for name, total in abs_grads.items()}, buffers)

@@ -1,0 +1,220 @@
+"""Faults in the libraries beneath the suite, installed from outside it: a test writes a one-line pytest plugin
+(PYTEST_PLUGINS, with this folder on the ranks' PYTHONPATH) that calls install(); the plugin patches torch,
+torch.distributed, torch.nn.functional or DDP on the ranks before the suite's checks import them. Each fault is
+one way a library or a machine can go wrong while every rank still agrees, the kind rank-vs-rank checks miss."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+KiB, MiB = 1 << 10, 1 << 20
+FAULTS: dict = {}
+
+
+def fault(name):
+    def register(patch):
+        FAULTS[name] = patch
+        return patch
+    return register
+
+
+def install(names, rank: int = 1) -> None:
+    """Patch the libraries with each named fault; faults of one rank hit `rank` only."""
+    for name in names:
+        FAULTS[name](rank)
+
+
+def _on(rank: int) -> bool:
+    return dist.is_initialized() and dist.get_rank() == rank
+
+
+def _toward_zero(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`exact` (float64) in `dtype`, rounded toward zero instead of to nearest."""
+    nearest = exact.to(dtype)
+    over = nearest.double().abs() > exact.abs()
+    bits = nearest.view(torch.int16)  # bf16 and fp16: one less in the bit pattern is one ulp toward zero
+    return torch.where(over, (bits - 1).view(dtype), nearest)
+
+
+@fault("sum-truncates")
+def _sum_truncates(_rank):
+    """bf16/fp16 all_reduce sums round toward zero (on every rank alike)."""
+    real = dist.all_reduce
+
+    @functools.wraps(real)
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, *args, **kwargs):
+        if tensor.dtype not in (torch.bfloat16, torch.float16) or op != dist.ReduceOp.SUM:
+            return real(tensor, op, *args, **kwargs)
+        wide = tensor.double()
+        work = real(wide, op, *args, **kwargs)
+        tensor.copy_(_toward_zero(wide, tensor.dtype))
+        return work
+    dist.all_reduce = all_reduce
+
+
+@fault("mid-range-corrupts")
+def _mid_range_corrupts(_rank):
+    """all_reduce corrupts one element of messages of 64 KiB..4 MiB whose size is a multiple of 4 KiB."""
+    real = dist.all_reduce
+
+    @functools.wraps(real)
+    def all_reduce(tensor, *args, **kwargs):
+        work = real(tensor, *args, **kwargs)
+        nbytes = tensor.numel() * tensor.element_size()
+        if 64 * KiB <= nbytes <= 4 * MiB and nbytes % (4 * KiB) == 0:
+            tensor.view(-1)[tensor.numel() // 2] += 1
+        return work
+    dist.all_reduce = all_reduce
+
+
+@fault("reduce-scatter-avg-sums")
+def _reduce_scatter_avg_sums(_rank):
+    """reduce_scatter with AVG (what FSDP uses) returns the sum."""
+    real = dist.reduce_scatter_tensor
+
+    @functools.wraps(real)
+    def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, *args, **kwargs):
+        return real(output, input, dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op, *args, **kwargs)
+    dist.reduce_scatter_tensor = reduce_scatter_tensor
+
+
+@fault("all-gather-stale")
+def _all_gather_stale(_rank):
+    """all_gather returns the previous same-shaped call's data (a stale buffer)."""
+    real, previous = dist.all_gather_into_tensor, {}
+
+    @functools.wraps(real)
+    def all_gather_into_tensor(output, input, *args, **kwargs):
+        work = real(output, input, *args, **kwargs)
+        key = (tuple(output.shape), output.dtype, output.device)
+        fresh = output.clone()
+        if key in previous:
+            output.copy_(previous[key])
+        previous[key] = fresh
+        return work
+    dist.all_gather_into_tensor = all_gather_into_tensor
+
+
+@fault("conv-zeroes-channels")
+def _conv_zeroes_channels(rank):
+    """3x3 convolutions zero the last 1/16 of their output channels, on one rank."""
+    real = F.conv2d
+
+    @functools.wraps(real)
+    def conv2d(input, weight, *args, **kwargs):
+        out = real(input, weight, *args, **kwargs)
+        if _on(rank) and tuple(weight.shape[-2:]) == (3, 3):
+            out[:, out.shape[1] - out.shape[1] // 16:] = 0
+        return out
+    F.conv2d = conv2d
+
+
+@fault("compile-wrong-later")
+def _compile_wrong_later(_rank):
+    """torch.compile: right on the first call, wrong on later ones."""
+    real = torch.compile
+
+    @functools.wraps(real)
+    def compile(fn=None, *args, **kwargs):
+        compiled = real(fn, *args, **kwargs)
+        calls = []
+
+        def wrapper(*a, **k):
+            calls.append(1)
+            out = compiled(*a, **k)
+            return out if len(calls) == 1 else out + 1e-2
+        return wrapper
+    torch.compile = compile
+
+
+@fault("big-gemm-wrong")
+def _big_gemm_wrong(_rank):
+    """GEMMs of 4096 x 4096 and larger come out wrong in one element (a bad GPU, every rank alike)."""
+    real_matmul, real_op = torch.matmul, torch.Tensor.__matmul__
+
+    def spoil(a, b, out):
+        if a.dim() == 2 and b.dim() == 2 and min(a.shape[0], b.shape[1]) >= 4096:
+            out[1, 2] += 1
+        return out
+
+    def matmul(a, b, *, out=None):
+        result = real_matmul(a, b, out=out) if out is not None else real_matmul(a, b)
+        return spoil(a, b, result)
+
+    torch.matmul = matmul
+    torch.Tensor.__matmul__ = lambda a, b: spoil(a, b, real_op(a, b))
+
+
+@fault("ddp-broadcast-lost")
+def _ddp_broadcast_lost(rank):
+    """DDP's start-up broadcast of rank 0's weights (and its buffer broadcasts) never arrive on one rank."""
+    real = dist._broadcast_coalesced
+
+    def broadcast_coalesced(group, tensors, *args, **kwargs):
+        kept = [t.detach().clone() for t in tensors] if _on(rank) else None
+        result = real(group, tensors, *args, **kwargs)
+        if kept is not None:
+            with torch.no_grad():
+                for tensor, old in zip(tensors, kept, strict=True):
+                    tensor.copy_(old)
+        return result
+    dist._broadcast_coalesced = broadcast_coalesced
+
+
+def _ddp_hook(hook):
+    real = DistributedDataParallel.__init__
+
+    @functools.wraps(real)
+    def init(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.register_comm_hook(None, hook)
+    DistributedDataParallel.__init__ = init
+
+
+def _all_reduce_then(buffer, after):
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: after(fut.value()[0]))
+
+
+@fault("ddp-summed")
+def _ddp_summed(_rank):
+    """DDP's gradients summed over the ranks instead of averaged."""
+    _ddp_hook(lambda _state, bucket: _all_reduce_then(bucket.buffer(), lambda summed: summed))
+
+
+@fault("ddp-divided-twice")
+def _ddp_divided_twice(_rank):
+    """DDP's gradients divided by the world size twice."""
+    def hook(_state, bucket):
+        world = dist.get_world_size()
+        return _all_reduce_then(bucket.buffer().div_(world), lambda summed: summed.div_(world))
+    _ddp_hook(hook)
+
+
+@fault("ddp-wrong-contribution")
+def _ddp_wrong_contribution(rank):
+    """One rank hands DDP's all_reduce a wrong local gradient (doubled): every rank gets the same wrong mean."""
+    def hook(_state, bucket):
+        buffer = bucket.buffer()
+        if _on(rank):
+            buffer.mul_(2)
+        return _all_reduce_then(buffer.div_(dist.get_world_size()), lambda summed: summed)
+    _ddp_hook(hook)
+
+
+@fault("capture-breaks")
+def _capture_breaks(_rank):
+    """An all_reduce that cannot be captured in a CUDA graph: it synchronizes the device, which CUDA refuses
+    while a stream captures. Needs 2 GPUs (the graph check is multi-rank): not run in CI."""
+    real = dist.all_reduce
+
+    @functools.wraps(real)
+    def all_reduce(tensor, *args, **kwargs):
+        if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize(tensor.device)
+        return real(tensor, *args, **kwargs)
+    dist.all_reduce = all_reduce
