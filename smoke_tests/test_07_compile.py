@@ -5,7 +5,6 @@ import time
 
 import pytest
 import torch
-import torch._inductor.config
 
 
 def pointwise_and_reduction(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -15,6 +14,7 @@ def pointwise_and_reduction(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def test_torch_compile_matches_eager(dist_env, report):
     # inductor's own on-disk cache is kept: a container starts with an empty one, so an image always compiles
     # here; on a host an earlier run's kernels may be reused, and the figure 'kernels' says which happened.
+    import torch._inductor.config  # here, not at the top: its import takes seconds, and --tier fast collects this
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
