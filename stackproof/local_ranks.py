@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 KILL_GRACE_S = 10.0
 POLL_S = 0.05
@@ -43,8 +44,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: float) -> Outcome:
-    """Start `nproc` ranks of `command` and wait for all of them (or the first failure, a signal, the timeout)."""
+def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: float,
+        logs: Path | None = None) -> Outcome:
+    """Start `nproc` ranks of `command` and wait for all of them (or the first failure, a signal, the timeout).
+    With `logs`, each rank's stdout and stderr go to logs/rank<N>.log instead of this process's."""
     base = dict(env)
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -59,8 +62,14 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
     previous = {sig: signal.signal(sig, stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for rank in range(nproc):
-            procs.append(subprocess.Popen(list(command), env=rank_env(rank, nproc, port, base),
-                                          start_new_session=True))
+            with contextlib.ExitStack() as files:
+                output = None
+                if logs is not None:
+                    logs.mkdir(parents=True, exist_ok=True)
+                    output = files.enter_context(open(logs / f"rank{rank}.log", "wb"))
+                procs.append(subprocess.Popen(list(command), env=rank_env(rank, nproc, port, base),
+                                              start_new_session=True, stdout=output,
+                                              stderr=subprocess.STDOUT if output else None))
         deadline = time.monotonic() + timeout_s
         while True:
             codes = [proc.poll() for proc in procs]

@@ -21,8 +21,8 @@ WHOLE_NUMBERS = ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD
 # srun sets these in every task it starts (Slurm's setup_env); a batch script itself has SLURM_PROCID and
 # SLURM_NTASKS but no step id.
 SRUN_STEP_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
-UNDER_A_LAUNCHER = ("torchrun, srun or a Kubernetes PyTorchJob start each rank with RANK, WORLD_SIZE, MASTER_ADDR "
-                    "and MASTER_PORT")
+UNDER_A_LAUNCHER = ("run it as a rank of torchrun, srun or a Kubernetes PyTorchJob (they set RANK, WORLD_SIZE, "
+                    "MASTER_ADDR and MASTER_PORT together)")
 
 
 def adopt_slurm_env(env: dict[str, str]) -> None:
@@ -67,29 +67,31 @@ def world_size_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
 def check_launcher_env(env: dict[str, str] | os._Environ = os.environ) -> None:
     """A world that cannot be joined is bad input before anything starts: a RANK that is not a number, RANK
     without the rest of the world's variables, or Slurm's task variables in a batch script that forgot srun."""
-    fix_leftover = "or unset them (left over from another job?) and validate starts its own ranks"
+    def or_unset(names: str) -> str:
+        return f"or unset {names} (left over from another job?) and validate starts its own ranks"
+
     if "RANK" not in env and "SLURM_PROCID" in env and _int(env.get("SLURM_NTASKS", "1"), 1) > 1 \
             and not any(name in env for name in SRUN_STEP_VARIABLES):
         raise ConfigError(f"SLURM_PROCID={env['SLURM_PROCID']} and SLURM_NTASKS={env['SLURM_NTASKS']} are set but "
                           "this process is not a task of srun (no SLURM_STEP_ID): expected srun to start one task "
                           "per GPU, found a batch script running validate directly; fix: put srun before the "
                           "command (srun python -m stackproof validate; scripts/slurm/validate.sbatch does), "
-                          f"{fix_leftover.replace('them', 'SLURM_PROCID and SLURM_NTASKS')}")
+                          f"{or_unset('SLURM_PROCID and SLURM_NTASKS')}")
     if "RANK" not in env:
         return
     wrong = [f"{name}={env[name]!r}" for name in WHOLE_NUMBERS if name in env and _int(env[name], None) is None]
     if wrong:
-        raise ConfigError(f"expected whole numbers, found {', '.join(wrong)}; fix: {UNDER_A_LAUNCHER}; "
-                          f"{fix_leftover}")
+        raise ConfigError(f"expected whole numbers, found {', '.join(wrong)}; fix: {UNDER_A_LAUNCHER}, "
+                          f"{or_unset('RANK')}")
     missing = [name for name in WORLD_VARIABLES if not env.get(name)]
     if missing:
         raise ConfigError(f"RANK={env['RANK']} is set, so this process is one rank of a launcher's world, but "
                           f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing; fix: "
-                          f"{UNDER_A_LAUNCHER}, {fix_leftover}")
+                          f"{UNDER_A_LAUNCHER}, {or_unset('RANK')}")
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     if not 0 <= rank < world:
-        raise ConfigError(f"RANK={rank}: expected 0..{world - 1} (WORLD_SIZE={world}); fix: {UNDER_A_LAUNCHER}; "
-                          f"{fix_leftover}")
+        raise ConfigError(f"RANK={rank}: expected 0..{world - 1} (WORLD_SIZE={world}); fix: {UNDER_A_LAUNCHER}, "
+                          f"{or_unset('RANK and WORLD_SIZE')}")
 
 
 def _int(text: str, default: int | None) -> int | None:

@@ -37,14 +37,13 @@ def _check_selection(select: str | None) -> None:
     """A -k expression pytest cannot parse: said here, not by every rank's pytest."""
     if not select:
         return
-    from _pytest.mark.expression import Expression, ParseError  # pytest's own -k parser
+    from _pytest.mark.expression import Expression  # pytest's own -k parser (ParseError in 8, SyntaxError in 9)
 
     try:
         Expression.compile(select)
-    except ParseError as err:
+    except Exception as err:
         raise ConfigError(f"-k {select!r}: expected a pytest -k expression (names joined with and / or / not, "
-                          f"parentheses), found an error at column {err.column}: {err.message}; fix: e.g. -k "
-                          "'collectives and not bfloat16'") from None
+                          f"parentheses), found: {err}; fix: e.g. -k 'collectives and not bfloat16'") from None
 
 
 def validate(settings: ValidateConfig) -> int:
