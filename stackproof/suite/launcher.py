@@ -15,9 +15,9 @@ import sys
 
 from stackproof import local_ranks
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite import phases, pins, topology, verdict
+from stackproof.suite import early_cuda, phases, pins, topology, verdict
 from stackproof.suite.config import ValidateConfig
-from stackproof.suite.launch_env import LAUNCHED_ENV, check_launcher_env, launched_by_a_launcher
+from stackproof.suite.launch_env import LAUNCHED_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
 from stackproof.suite.report import Report
 from stackproof.suite.visibility import no_gpu_verdict
 
@@ -49,6 +49,8 @@ def _check_selection(select: str | None) -> None:
 def validate(settings: ValidateConfig) -> int:
     check_input(settings)
     if launched_by_a_launcher():
+        adopt_slurm_env(os.environ)  # type: ignore[arg-type]
+        early_cuda.start(int(os.environ.get("LOCAL_RANK", "0")))  # meanwhile:
         from stackproof.suite import worker  # imports torch
 
         return worker.run(settings)
