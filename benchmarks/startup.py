@@ -10,6 +10,10 @@ report.json's context["phases"] (epoch times: the launcher's start and its ranks
 CUDA init, process group, then the checks and the report; the slowest rank's time for per-rank phases), plus the
 sum of the checks' own durations. Figures, not a test: the targets (issue 19: fast tier <= 10 s on one warm GPU,
 <= 15 s on 8) are read here, never asserted in CI.
+
+Measured on 1 x H200 (warm, torch 2.11, medians of 3): validate --tier fast 7.5 s (23.3 s with torchrun's agent and
+the launcher importing torch), healthcheck --scheduler none 7.8 s (24.6 s); the ranks' import of torch is 3.4-4.4 s
+of it, the checks 1.3 s. The full tier: 28 s warm (47 s before).
 """
 
 from __future__ import annotations
