@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from stackproof import local_ranks
 from stackproof.errors import Exit
 from stackproof.suite.phases import RANK_PHASES
 
@@ -145,3 +146,33 @@ def test_bench_timeout_stops_every_rank_and_what_it_started(tmp_path):
          "--warmup", "1"], _env(tmp_path, HANG, STARTUP_HANG_MARKER=marker), marker)
     assert proc.returncode == Exit.FAILED, out[-3000:] + err[-3000:]
     assert "expected to finish within --timeout 20 s, found it still running" in err
+
+
+# Slows one rank's read of rank 0's answers, beneath the suite: rank 0 is done first and must not take the store
+# (it hosts it) away before this rank has read the verdict.
+SLOW_READER = textwrap.dedent("""
+    import os, time
+    if os.environ.get("STARTUP_SLOW_READER") == os.environ.get("RANK"):
+        import torch.distributed as dist
+
+        _get = dist.PrefixStore.get
+
+        def _slow_get(self, key):
+            if key.endswith("answer"):
+                time.sleep(2)
+            return _get(self, key)
+
+        dist.PrefixStore.get = _slow_get
+""")
+
+
+def test_rank_0_hosting_the_store_waits_until_every_rank_has_read_the_verdict(tmp_path):
+    """Ranks started by a launcher that leaves the store to rank 0 (srun, a PyTorchJob without torchrun): each rank
+    exits with the run's verdict, also the one that reads it last."""
+    port = local_ranks.free_port()
+    env = _env(tmp_path, SLOW_READER, STARTUP_SLOW_READER="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "stackproof", "validate", "--reports", str(tmp_path / "r"), "-k",
+                               "dev_shm", "--expect-gpus", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=local_ranks.rank_env(rank, 2, port, env)) for rank in range(2)]
+    outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [Exit.OK, Exit.OK], outputs[1][-3000:]

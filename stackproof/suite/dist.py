@@ -8,6 +8,7 @@ every rank reads. Every wait has a timeout, and a rank that does not arrive is n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -111,6 +112,19 @@ class DistEnv:
 
     def barrier(self, what: str) -> None:
         self.agree(None, what, lambda _values: None)
+
+    def leave(self) -> None:
+        """The last step before the process exits. Rank 0 hosts the store (env:// rendezvous): it leaves only once
+        every other rank has read the last answer and said so (or --timeout passed), else a rank still reading
+        finds the store gone and takes the end of the run for a dead rank 0."""
+        if not self.is_main:
+            with contextlib.suppress(Exception):  # rank 0 gone already: nothing is waiting for this
+                self.store.set(f"left/{self.rank}", "1")
+            return
+        keys = [f"left/{r}" for r in range(1, self.world_size)]
+        if keys:
+            with contextlib.suppress(Exception):  # a rank that never says so is already named, or gone
+                self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
 
 
 def init(rendezvous_timeout_s: float, timeout_s: float) -> DistEnv:

@@ -292,6 +292,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         try:
             final = env.agree(None, "the verdict", lambda _values: {
                 "exit_code": int(report.exit_code), "message": report.message, "node": report.ranks[0]["node"]})
+            env.leave()
         except RankTimeout:
             final = {"exit_code": int(Exit.INCOMPLETE), "message": "rank 0 did not say the verdict", "node": "?"}
         config.stash[VERDICT_KEY] = final["exit_code"]
