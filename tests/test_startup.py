@@ -176,3 +176,14 @@ def test_rank_0_hosting_the_store_waits_until_every_rank_has_read_the_verdict(tm
                               text=True, env=local_ranks.rank_env(rank, 2, port, env)) for rank in range(2)]
     outputs = [proc.communicate(timeout=300)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [Exit.OK, Exit.OK], outputs[1][-3000:]
+
+
+def test_ranks_that_refuse_their_input_make_it_bad_input_not_a_dead_rank(tmp_path):
+    """pytest options after -- that pytest rejects: every rank says so and exits 2; the run is bad input (exit 2),
+    not "rank 0 exited with code 2" (exit 4)."""
+    proc = subprocess.run([sys.executable, "-m", "stackproof", "validate", "--reports", str(tmp_path / "r"), "-k",
+                           "dev_shm", "--", "--no-such-pytest-option"], capture_output=True, text=True, timeout=300,
+                          env=_env(tmp_path, ""))
+    assert proc.returncode == Exit.USAGE, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "pytest rejected its arguments ('--no-such-pytest-option',)" in proc.stderr
+    assert "# Verdict: FAILED (exit code 2: bad input" in proc.stdout
