@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from stackproof.suite.phases import RANK_PHASES, RUN_PHASES  # noqa: E402 (after the checkout is on the path)
 
 # The rows, in the order a run passes them: what the terminal showed, and what report.json recorded.
-ORDER = ("launcher_started", "header", *RANK_PHASES, "checks_started", "first_table_line", "checks_done", "verdict",
-         "exit")
+ORDER = ("launcher_started", "header", *RANK_PHASES, "checks_started", "first_table_line", "checks_done",
+         "ranks_exited", "verdict", "exit")
 
 
 def one_run(args: list[str], timeout_s: float) -> dict[str, float | None]:

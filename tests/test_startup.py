@@ -90,7 +90,7 @@ def test_the_launcher_starts_the_ranks_itself_without_torch_and_records_the_phas
     assert len(phases["ranks"]) == 2
     for rank in phases["ranks"]:
         times = [phases["launcher_started"], *(rank[name] for name in RANK_PHASES), phases["checks_started"],
-                 phases["checks_done"]]
+                 phases["checks_done"], phases["ranks_exited"]]
         assert times == sorted(times), rank
     assert phases["checks_done"] - phases["launcher_started"] < 300
 

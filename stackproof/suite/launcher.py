@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from stackproof import local_ranks
 from stackproof.errors import ConfigError, Exit
@@ -68,6 +69,7 @@ def validate(settings: ValidateConfig) -> int:
     if settings.nnodes == 1 and not settings.rdzv_endpoint:
         outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc, env,
                                   settings.run_timeout)
+        _record_phase(settings, "ranks_exited")
         if outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures):
             _refused(settings, [f["rank"] for f in outcome.failures])
         elif outcome.failures:
@@ -77,6 +79,14 @@ def validate(settings: ValidateConfig) -> int:
         rc, interrupted, timed_out = _torchrun(settings, nproc, env)
     return verdict.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
                             timed_out_s=settings.run_timeout if timed_out else None)
+
+
+def _record_phase(settings: ValidateConfig, name: str) -> None:
+    """A step only the launcher sees (its ranks' exit: the CUDA/NCCL teardown ends there), into report.json."""
+    report = Report.load(settings.reports_dir)
+    if report is not None:
+        report.context.setdefault("phases", {})[name] = time.time()
+        report.write(settings.reports_dir)
 
 
 def _refused(settings: ValidateConfig, ranks: list[int]) -> None:

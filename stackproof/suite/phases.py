@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import time
 
-# Each rank's steps, in order; rank 0 adds the run's own (checks_started, checks_done).
+# Each rank's steps, in order; rank 0 adds the run's own (checks_started, checks_done), and stackproof's launcher
+# when its ranks had all exited (ranks_exited).
 RANK_PHASES = ("rank_started", "torch_imported", "cuda_ready", "process_group_ready")
-RUN_PHASES = ("checks_started", "checks_done")
+RUN_PHASES = ("checks_started", "checks_done", "ranks_exited")
 
 _marks: dict[str, float] = {}
 
