@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torchvision
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
@@ -25,6 +24,8 @@ WARMUP_STEPS_GPU = 5
 def run(dist_env, settings):
     """Train a few steps on one fixed batch, then checkpoint and benchmark. Rank 0 judges every rank's digests
     and shard summaries in one O(world) agreement; each check then asserts on the ranks it names."""
+    import torchvision  # here, not at the top: its import takes seconds, and --tier fast collects this module
+
     torch.manual_seed(0)
     rank, world, device = dist_env.rank, dist_env.world_size, dist_env.device
     shape = training.TrainShape.for_device(dist_env.is_gpu, settings.train_batch, settings.train_image_size)

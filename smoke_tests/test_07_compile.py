@@ -7,7 +7,6 @@ import time
 
 import pytest
 import torch
-import torch._inductor.config
 
 CALLS = 3  # the first call compiles; the later ones reuse the kernels on new data
 
@@ -19,6 +18,7 @@ def test_torch_compile_matches_eager(dist_env, report):
     report.classify("software-pins", "triage")
     # inductor's own on-disk cache is kept: a container starts with an empty one, so an image always compiles
     # here; on a host an earlier run's kernels may be reused, and the figure 'kernels' says which happened.
+    import torch._inductor.config  # here, not at the top: its import takes seconds, and --tier fast collects this
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()

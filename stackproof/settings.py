@@ -34,6 +34,16 @@ def positive(v: Any) -> str | None:
     return None if v is None or v > 0 else f"expected > 0, found {v}"
 
 
+# The longest wait a seconds flag may ask for: 30 days. Longer is a typo, and past it the waits underneath
+# overflow (timedelta, thread waits: OverflowError in every rank instead of exit 2 here).
+MAX_SECONDS = 30 * 24 * 3600
+
+
+def seconds(v: Any) -> str | None:
+    """A duration: positive, finite, at most MAX_SECONDS."""
+    return None if v is None or 0 < v <= MAX_SECONDS else f"expected seconds in (0, {MAX_SECONDS}] (30 days), found {v}"
+
+
 def fraction(v: Any) -> str | None:
     return None if v is None or 0 < v <= 1 else f"expected a fraction in (0, 1], found {v}"
 

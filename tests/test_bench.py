@@ -32,6 +32,7 @@ def test_bench_runs_one_and_two_ranks_and_reports_scaling(tmp_path):
     (["--nproc", "0"], "--nproc: expected counts >= 1, found 0"),
     (["--nproc", "one,two"], "expected whole numbers separated by commas"),
     (["--steps", "0"], "--steps: expected >= 1, found 0"),
+    (["--timeout", "inf"], "--timeout: expected seconds in (0, 2592000] (30 days), found inf"),
 ])
 def test_bad_input_is_exit_2_in_one_line(args, words):
     done = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)

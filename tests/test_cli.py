@@ -41,6 +41,13 @@ def test_sizes_read_like_nccl_tests(text, value):
     (["--inject-fault", "nope"], "invalid choice: 'nope'"),
     (["--expect-file", "/nonexistent.json"], "--expect-file /nonexistent.json: expected a readable JSON file"),
     (["--image", "nosuch"], "image 'nosuch': not in matrix.toml"),
+    # issue 20 item 9: these passed the checks and crashed every rank (OverflowError, exit 4)
+    (["--rendezvous-timeout", "inf"], "--rendezvous-timeout: expected seconds in (0, 2592000] (30 days), found inf"),
+    (["--timeout", "1e15", "--run-timeout", "1e15"], "--timeout: expected seconds in (0, 2592000] (30 days), found "
+                                                     "1000000000000000.0; --run-timeout: expected seconds"),
+    (["--check-timeout", "nan"], "--check-timeout: expected seconds in (0, 2592000] (30 days), found nan"),
+    # issue 20 item 7: pytest's "empty arguments" from every rank, exit 4
+    (["-k", "and or"], "-k 'and or': expected a pytest -k expression"),
 ])
 def test_bad_input_exits_2_at_once_with_one_line_naming_the_flag(args, words):
     proc = subprocess.run([sys.executable, "-m", "stackproof", "validate", *args], capture_output=True, text=True,

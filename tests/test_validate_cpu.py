@@ -1,5 +1,5 @@
-"""The suite run for real on CPU: torchrun, gloo, real worker processes. Includes runs that break something on
-purpose, to prove the verdict turns red (and names the rank) when it should."""
+"""The suite run for real on CPU: the launcher's own ranks, gloo, real worker processes. Includes runs that break
+something on purpose, to prove the verdict turns red (and names the rank) when it should."""
 
 import json
 import os
@@ -147,7 +147,7 @@ def test_bad_input_is_exit_2_in_one_line(tmp_path, args, env, words):
 
 def _processes_with(marker: str) -> list[int]:
     """PIDs whose command line mentions `marker` (each run's reports path is unique, and every process of a
-    run carries it: the launcher, torchrun's agent, the ranks)."""
+    run carries it: the launcher and its ranks)."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -169,7 +169,7 @@ def test_a_signal_stops_every_rank(tmp_path, signum):
     while not (reports / "report.json").exists() and time.monotonic() < deadline:  # rank 0 knows the world
         time.sleep(0.5)
     time.sleep(3)  # both ranks are inside the barrier test now: rank 1 sleeps, rank 0 waits for it
-    assert len(_processes_with(str(reports))) >= 3, "launcher, torchrun and the ranks should be running"
+    assert len(_processes_with(str(reports))) >= 3, "the launcher and both ranks should be running"
     launcher.send_signal(signum)
     assert launcher.wait(timeout=60) == Exit.INTERRUPTED
     time.sleep(1)

@@ -1,7 +1,8 @@
 """`stackproof bench resnet`: ResNet-50 training throughput on 1..N GPUs (DDP from 2), eager and torch.compile'd.
 
-Every count of GPUs is a torchrun run of this module's worker (synthetic data already on the device, bf16
-autocast, channels_last): img/s per GPU, the total, scaling against one GPU, and torch.compile's compile time.
+Every count of GPUs is a run of this module's worker on that many ranks, started as validate starts its ranks
+(stackproof/local_ranks.py; synthetic data already on the device, bf16 autocast, channels_last): img/s per
+GPU, the total, scaling against one GPU, and torch.compile's compile time.
 On a machine without GPUs the same runs use CPU ranks (gloo) and small images, so the path is testable anywhere.
 """
 
@@ -12,14 +13,14 @@ import dataclasses
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from stackproof import local_ranks
 from stackproof.errors import ConfigError, StackproofError
-from stackproof.settings import Settings, at_least, option, parse_counts, positive
+from stackproof.settings import Settings, at_least, option, parse_counts, seconds
 
 MODES = ("eager", "compiled")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -37,7 +38,7 @@ class ResnetBench(Settings):
                                     check=at_least(1))
     steps: int = option(30, "timed steps", metavar="N", check=at_least(1))
     warmup: int = option(10, "steps before timing (cudnn autotuning, compilation)", metavar="N", check=at_least(1))
-    timeout: float = option(900.0, "seconds one run (one GPU count, one mode) may take", metavar="S", check=positive)
+    timeout: float = option(900.0, "seconds one run (one GPU count, one mode) may take", metavar="S", check=seconds)
     output: str | None = option(None, "also write the results as JSON here", flag="-o", metavar="FILE")
 
     def __post_init__(self) -> None:
@@ -106,29 +107,29 @@ def format_table(results: list[Result]) -> str:
 
 
 def _launch(settings: ResnetBench, gpus: int, mode: str) -> Result:
-    """One torchrun run of the worker; rank 0 hands back its result as JSON in a file of ours."""
+    """One run of the worker on `gpus` ranks, started the way validate starts its ranks (local_ranks: every rank's
+    process group is stopped on a failure or the timeout); rank 0 hands back its result as JSON in a file of ours."""
     with tempfile.TemporaryDirectory(prefix="stackproof-bench-") as tmp:
         result_file = Path(tmp) / "result.json"
-        # The worker needs no --nproc, and torchrun's own parser would take it for --nproc-per-node.
         worker_argv = dataclasses.replace(settings, nproc=()).to_argv()
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                   "-m", "stackproof.bench.resnet", *worker_argv, "--mode", mode, "--result", str(result_file)]
-        try:
-            done = subprocess.run(command, timeout=settings.timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True)
-        except subprocess.TimeoutExpired:
-            raise StackproofError(f"bench resnet on {gpus} ({mode}): expected to finish within --timeout "
-                                  f"{settings.timeout:g} s, found it still running; raise --timeout or fewer "
-                                  "--steps") from None
-        if done.returncode or not result_file.exists():
-            tail = "\n".join(done.stdout.splitlines()[-15:])
-            raise StackproofError(f"bench resnet on {gpus} ({mode}): expected torchrun to exit 0 with a result, "
-                                  f"found exit code {done.returncode}; its last lines:\n{tail}")
+        command = [sys.executable, "-m", "stackproof.bench.resnet", *worker_argv, "--mode", mode,
+                   "--result", str(result_file)]
+        outcome = local_ranks.run(command, gpus, dict(os.environ), settings.timeout, logs=Path(tmp) / "logs")
+        what = f"bench resnet on {gpus} ({mode})"
+        if outcome.timed_out:
+            raise StackproofError(f"{what}: expected to finish within --timeout {settings.timeout:g} s, found it still "
+                                  "running (every rank was stopped); raise --timeout or fewer --steps")
+        if outcome.exit_code or not result_file.exists():
+            rank = outcome.failures[0]["rank"] if outcome.failures else 0
+            log = Path(tmp) / "logs" / f"rank{rank}.log"
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.exists() else ""
+            raise StackproofError(f"{what}: expected every rank to exit 0 with a result, found rank {rank} exit "
+                                  f"code {outcome.exit_code}; its last lines:\n{tail}")
         return Result(**json.loads(result_file.read_text()))
 
 
 def _worker(argv: list[str]) -> None:
-    """One rank (under torchrun): train, time, and on rank 0 write the run's result."""
+    """One rank (RANK, WORLD_SIZE, ... from local_ranks): train, time, and on rank 0 write the run's result."""
     import torch
     import torch.distributed as dist
     import torchvision

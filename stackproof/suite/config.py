@@ -10,7 +10,7 @@ import os
 
 from stackproof.errors import ConfigError
 from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
-from stackproof.settings import Settings, at_least, flag_of, fraction, option, parse_bytes, positive
+from stackproof.settings import Settings, at_least, flag_of, fraction, option, parse_bytes, positive, seconds
 from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.suite.health import KERNEL_LOG
 from stackproof.suite.topology import PCI_DEVICES
@@ -51,13 +51,13 @@ class ValidateConfig(Settings):
     rdzv_id: str = option("stackproof", "the run's name at --rdzv-endpoint: nodes join the run with their id",
                           metavar="ID")
     rendezvous_timeout: float = option(600.0, "seconds every rank may take to join at start-up (a large job's "
-                                              "start-up skew)", metavar="S", check=positive)
+                                              "start-up skew)", metavar="S", check=seconds)
     timeout: float = option(300.0, "seconds one collective or cross-rank sync may take", metavar="S",
-                            check=positive)
+                            check=seconds)
     check_timeout: float | None = option(
         None, f"seconds one check may take before the watchdog names the rank holding it up (default: "
-              f"--timeout + {WATCHDOG_GRACE_S:g})", metavar="S", check=positive)
-    run_timeout: float = option(1800.0, "seconds the whole run may take", metavar="S", check=positive)
+              f"--timeout + {WATCHDOG_GRACE_S:g})", metavar="S", check=seconds)
+    run_timeout: float = option(1800.0, "seconds the whole run may take", metavar="S", check=seconds)
     min_busbw: float | None = option(None, "all_reduce busbw (GB/s) the largest size must reach (default: derived "
                                            "from the NVLink/PCIe topology on one node)", metavar="GBPS",
                                      check=at_least(0))

@@ -8,11 +8,11 @@ every rank reads. Every wait has a timeout, and a rank that does not arrive is n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
 import os
-import re
 import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,6 +21,10 @@ import torch
 import torch.distributed as dist
 
 from stackproof.errors import RankTimeout
+from stackproof.suite import phases
+from stackproof.suite.launch_env import adopt_slurm_env, launched_by_a_launcher, world_size_from_env
+
+__all__ = ["DistEnv", "adopt_slurm_env", "init", "launched_by_a_launcher", "shutdown", "world_size_from_env"]
 
 R = TypeVar("R")
 # Ranks other than 0 wait this much longer for rank 0's answer than rank 0 waits for them, so that rank 0's
@@ -33,38 +37,6 @@ NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
 # every replay), NCCL's condition for turning its graph-mixing support off; with it on, a captured all_reduce
 # replays at 11 us instead of 4.9 us on H200s (nccl-tests -G: 5.9 us), which would hide the link's latency.
 NCCL_GRAPH_MIXING = ("NCCL_GRAPH_MIXING_SUPPORT", "0")
-
-
-def adopt_slurm_env(env: dict[str, str]) -> None:
-    """Under `srun` (one task per GPU) map Slurm's variables onto torch's, unless torchrun already set them."""
-    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) < 2:
-        return
-    env["RANK"] = env["SLURM_PROCID"]
-    env["WORLD_SIZE"] = env["SLURM_NTASKS"]
-    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-    env["GROUP_RANK"] = env.get("SLURM_NODEID", "0")
-    # SLURM_TASKS_PER_NODE reads like "2(x3)": 2 tasks on each of 3 nodes.
-    env["LOCAL_WORLD_SIZE"] = (env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")).split("(")[0]
-    # Rank 0 (task 0 of the step) runs on the step's first node, and hosts the store there. Not
-    # SLURM_LAUNCH_NODE_IPADDR: that is where srun ran (a login node under salloc), where no rank may run.
-    # First node of "gpu[003-004,010],login1" -> "gpu003", as `scontrol show hostnames` would list it; parsed
-    # here because containers (pyxis) have no scontrol. Its name must resolve on every node, as node names do.
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if nodelist:
-        first = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
-        first = re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], first)
-    else:
-        first = env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
-    env.setdefault("MASTER_ADDR", first)
-    env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
-
-
-def launched_by_a_launcher(env: dict[str, str] | os._Environ = os.environ) -> bool:
-    return "RANK" in env or ("SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1)
-
-
-def world_size_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
-    return int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
 
 
 @dataclasses.dataclass
@@ -141,6 +113,19 @@ class DistEnv:
     def barrier(self, what: str) -> None:
         self.agree(None, what, lambda _values: None)
 
+    def leave(self) -> None:
+        """The last step before the process exits. Rank 0 hosts the store (env:// rendezvous): it leaves only once
+        every other rank has read the last answer and said so (or --timeout passed), else a rank still reading
+        finds the store gone and takes the end of the run for a dead rank 0."""
+        if not self.is_main:
+            with contextlib.suppress(Exception):  # rank 0 gone already: nothing is waiting for this
+                self.store.set(f"left/{self.rank}", "1")
+            return
+        keys = [f"left/{r}" for r in range(1, self.world_size)]
+        if keys:
+            with contextlib.suppress(Exception):  # a rank that never says so is already named, or gone
+                self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
+
 
 def init(rendezvous_timeout_s: float, timeout_s: float) -> DistEnv:
     """Join the world (or make a world of one) and create the default process group: NCCL on GPUs, gloo on CPU."""
@@ -151,19 +136,22 @@ def init(rendezvous_timeout_s: float, timeout_s: float) -> DistEnv:
     if not launched_by_a_launcher():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    store, rank, world_size = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=rendezvous_timeout_s)))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
-    node_rank = int(os.environ.get("GROUP_RANK") or rank // max(1, local_world_size))
+    # The CUDA context first: its set-up overlaps with the other ranks' start-up, which the rendezvous waits for.
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # creates the context (CUDA >= 12)
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    phases.mark("cuda_ready")
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=rendezvous_timeout_s)))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    node_rank = int(os.environ.get("GROUP_RANK") or rank // max(1, local_world_size))
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world_size,
                             timeout=timeout, device_id=device if backend == "nccl" else None)
+    phases.mark("process_group_ready")
 
     def connection(timeout_s: float) -> dist.Store:
         """A connection of stackproof's own to rank 0's store: the agreement's (a blocking get waits as long

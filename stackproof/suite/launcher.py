@@ -1,44 +1,64 @@
-"""`stackproof validate`: check the input, decide how many ranks, start them through torchrun (agent.py), and
-settle what they did into one verdict and exit code (verdict.py). Under torchrun or srun it is itself one rank
-and runs the suite directly."""
+"""`stackproof validate`: check the input, decide how many ranks, start them, and settle what they did into one
+verdict and exit code (verdict.py). Under torchrun or srun it is itself one rank and runs the suite directly.
+
+The launcher never imports torch: on one node it starts the ranks itself (stackproof/local_ranks.py) the moment
+the input is checked, so their torch imports are the run's only ones; across nodes each node's ranks come from
+torchrun's agent (agent.py), which needs a rendezvous between nodes."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import time
 
-from stackproof.errors import ConfigError
-from stackproof.suite import pins, topology, verdict
+from stackproof import local_ranks
+from stackproof.errors import ConfigError, Exit
+from stackproof.suite import early_cuda, phases, pins, topology, verdict
 from stackproof.suite.config import ValidateConfig
-from stackproof.suite.dist import launched_by_a_launcher
+from stackproof.suite.launch_env import LAUNCHED_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
+from stackproof.suite.report import Report
 from stackproof.suite.visibility import hardware_verdict
 
-KILL_GRACE_S = 10
-
+KILL_GRACE_S = local_ranks.KILL_GRACE_S
 
 def check_input(settings: ValidateConfig) -> None:
     """Bad input ends the run here, with exit 2, before any rank starts."""
     if os.environ.get("PYTEST_ADDOPTS"):
         raise ConfigError(f"PYTEST_ADDOPTS={os.environ['PYTEST_ADDOPTS']!r} is set: the suite runs its own pytest; "
                           "fix: unset it, and pass pytest options after -- (stackproof validate -- -x)")
+    check_launcher_env(os.environ)
+    _check_selection(settings.select)
     pins.expected(settings.expect_file, settings.image, os.environ)  # a missing/invalid file or image: exit 2
+
+
+def _check_selection(select: str | None) -> None:
+    """A -k expression pytest cannot parse: said here, not by every rank's pytest."""
+    if not select:
+        return
+    from _pytest.mark.expression import Expression  # pytest's own -k parser (ParseError in 8, SyntaxError in 9)
+
+    try:
+        Expression.compile(select)
+    except Exception as err:
+        raise ConfigError(f"-k {select!r}: expected a pytest -k expression (names joined with and / or / not, "
+                          f"parentheses), found: {err}; fix: e.g. -k 'collectives and not bfloat16'") from None
 
 
 def validate(settings: ValidateConfig) -> int:
     check_input(settings)
-    from stackproof.suite import worker  # imports torch: after the checks above, which take no time
-
     if launched_by_a_launcher():
-        return worker.run(settings)
-    inventory = topology.survey(settings.pci_devices)  # NVML only: no CUDA context, a short start-up
-    if inventory is not None:
-        visible = len(topology.visible(inventory, topology.cuda_visible_devices()))
-    else:  # no NVML here: ask CUDA itself
-        import torch
+        adopt_slurm_env(os.environ)  # type: ignore[arg-type]
+        early_cuda.start(int(os.environ.get("LOCAL_RANK", "0")))  # meanwhile:
+        from stackproof.suite import worker  # imports torch
 
-        visible = torch.cuda.device_count()
+        return worker.run(settings)
+    started = phases.process_started()
+    inventory = topology.survey(settings.pci_devices)  # NVML only: no CUDA context, no torch
+    visible = (len(topology.visible(inventory, topology.cuda_visible_devices())) if inventory is not None
+               else gpus_without_nvml())
     stop = hardware_verdict(settings, inventory, visible, sys.stdout)
     if stop is not None:
         return stop
@@ -47,19 +67,58 @@ def validate(settings: ValidateConfig) -> int:
     verdict.prepare(settings.reports_dir)
     print(f"# stackproof validate: {nproc} rank(s) on this node ({'NCCL, one per GPU' if visible else 'gloo, CPU'}) "
           f"of {settings.nnodes} node(s), tier {settings.tier}; reports: {settings.reports}", flush=True)
-    rc, interrupted, timed_out = _torchrun(settings, nproc)
+    env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}"}
+    if settings.nnodes == 1 and not settings.rdzv_endpoint:
+        outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc, env,
+                                  settings.run_timeout)
+        _record_phase(settings, "ranks_exited")
+        if outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures):
+            _refused(settings, [f["rank"] for f in outcome.failures])
+        elif outcome.failures:
+            verdict.settle(settings.reports_dir, launcher_exit=outcome.exit_code, failures=outcome.failures)
+        rc, interrupted, timed_out = outcome.exit_code, outcome.interrupted, outcome.timed_out
+    else:
+        rc, interrupted, timed_out = _torchrun(settings, nproc, env)
     return verdict.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
                             timed_out_s=settings.run_timeout if timed_out else None)
 
 
-def _torchrun(settings: ValidateConfig, nproc: int) -> tuple[int, str | None, bool]:
+def _record_phase(settings: ValidateConfig, name: str) -> None:
+    """A step only the launcher sees (its ranks' exit: the CUDA/NCCL teardown ends there), into report.json."""
+    report = Report.load(settings.reports_dir)
+    if report is not None:
+        report.context.setdefault("phases", {})[name] = time.time()
+        report.write(settings.reports_dir)
+
+
+def _refused(settings: ValidateConfig, ranks: list[int]) -> None:
+    """Ranks that exited with the bad-input code said why on stderr: the verdict is bad input (2), not a dead rank."""
+    report = Report.load(settings.reports_dir) or Report()
+    if not report.override:
+        report.override = (Exit.USAGE, f"rank(s) {ranks} refused their input (exit {int(Exit.USAGE)}); their words "
+                                       f"are above, and in {settings.reports_dir}/logs/")
+        report.complete = True
+        report.write(settings.reports_dir)
+
+
+def gpus_without_nvml() -> int:
+    """GPUs this node's ranks can use where NVML cannot answer, without a CUDA context where possible: no CUDA
+    driver means none, and only a driver whose NVML is not mounted (NVIDIA_DRIVER_CAPABILITIES without utility)
+    asks torch."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0  # no CUDA driver: torch.cuda.device_count() would say 0 too
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _torchrun(settings: ValidateConfig, nproc: int, env: dict[str, str]) -> tuple[int, str | None, bool]:
     """(torchrun's exit code, the signal that interrupted the run if any, whether --run-timeout stopped it)."""
     cmd = [sys.executable, "-m", "stackproof.suite.agent", settings.reports, *settings.torchrun_rendezvous(),
            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=1",
            "-m", "--", "stackproof", "validate", *settings.to_argv()]
-    from stackproof.suite.worker import LAUNCHED_ENV
-
-    env = {**os.environ, LAUNCHED_ENV: "1"}
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)

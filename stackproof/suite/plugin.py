@@ -20,9 +20,10 @@ from typing import IO, Any
 import pytest
 
 from stackproof.errors import Exit, RankTimeout
-from stackproof.suite import consensus, identity, pins, smoke_tests_dir
+from stackproof.suite import consensus, identity, phases, pins, smoke_tests_dir
 from stackproof.suite import dist as sp_dist
 from stackproof.suite.config import ValidateConfig
+from stackproof.suite.launch_env import launcher_started
 from stackproof.suite.report import CATEGORIES, SEVERITIES, Figure, Report
 from stackproof.suite.watchdog import CheckWatchdog
 
@@ -104,8 +105,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout)
     config.stash[REPORT_KEY] = report = Report(settings=_settings_json(settings))
     mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None)
-    everyone = env.gather(mine.__dict__, "start-up (who is where)")
+    everyone = env.gather({**mine.__dict__, "phases": phases.so_far()}, "start-up (who is where)")
     if env.is_main:
+        report.context["phases"] = {"launcher_started": launcher_started(),
+                                    "ranks": [entry.pop("phases") for entry in everyone or []]}
         report.ranks = everyone or []
         report.world = {"size": env.world_size, "nodes": len({i["node"] for i in report.ranks}),
                         "backend": env.backend, "local_world_size": env.local_world_size}
@@ -139,6 +142,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     report, settings = session.config.stash[REPORT_KEY], session.config.stash[SETTINGS_KEY]
     report.planned = [item.nodeid for item in session.items]
+    report.context.setdefault("phases", {})["checks_started"] = time.time()
     if not session.items:
         chosen = f"-k {settings.select!r}" if settings.select else f"--tier {settings.tier}"
         report.override = (Exit.USAGE, f"{chosen} selects none of the suite's checks; list them with "
@@ -262,6 +266,7 @@ def _stalled(config: pytest.Config, nodeid: str, message: str, ranks: list[int])
 def _finish(config: pytest.Config, report: Report) -> None:
     """Rank 0's last word: the final report, and the table on stdout unless a launcher prints it."""
     report.complete = True
+    report.context.setdefault("phases", {}).setdefault("checks_done", time.time())
     report.wall_time_s = time.time() - report.started
     report.context["syncs"] = config.stash[DIST_KEY]._seq
     report.context["peak_rss_bytes_rank0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -287,6 +292,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         try:
             final = env.agree(None, "the verdict", lambda _values: {
                 "exit_code": int(report.exit_code), "message": report.message, "node": report.ranks[0]["node"]})
+            env.leave()
         except RankTimeout:
             final = {"exit_code": int(Exit.INCOMPLETE), "message": "rank 0 did not say the verdict", "node": "?"}
         config.stash[VERDICT_KEY] = final["exit_code"]

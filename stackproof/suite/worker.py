@@ -17,17 +17,16 @@ from typing import IO
 import pytest
 
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite import smoke_tests_dir, verdict
+from stackproof.suite import phases, smoke_tests_dir, verdict
 from stackproof.suite.config import ValidateConfig
 from stackproof.suite.dist import adopt_slurm_env, world_size_from_env
+from stackproof.suite.launch_env import LAUNCHED_ENV
 from stackproof.suite.plugin import Handover
 from stackproof.suite.report import Report
 from stackproof.suite.visibility import no_gpu_verdict
 
-# Set by whoever started the ranks and settles the verdict afterwards (the launcher, scripts/torchrun,
-# scripts/slurm): a rank then exits 0 whenever its checks ran, so torchrun does not stop rank 0 before it
-# writes the verdict, and rank 0 leaves the printing of the final table to that launcher.
-LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
+phases.mark("torch_imported")  # with pytest and the plugin: what every rank loads before its first check
+__all__ = ["LAUNCHED_ENV", "run"]
 
 
 @contextlib.contextmanager
@@ -88,7 +87,9 @@ def _run(settings: ValidateConfig) -> int:
     _nccl_debug_to_file(reports)
     log = reports / "logs" / f"rank{rank}.log"
     suite = smoke_tests_dir()
-    args = [str(suite), "-p", "no:cacheprovider", "-q", "--rootdir", str(suite), "-c", str(suite / "pytest.ini"),
+    # no:unraisableexception: at exit it runs gc.collect() until nothing is left, 0.75 s over torch's objects.
+    args = [str(suite), "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-q", "--rootdir", str(suite),
+            "-c", str(suite / "pytest.ini"),
             *(("-k", settings.select) if settings.select else ()), *settings.pytest_args]
     handover = Handover(settings, None, launched)
     with _logged_to(log) as contract:

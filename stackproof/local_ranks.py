@@ -1,0 +1,112 @@
+"""The one way stackproof starts the ranks of a single-node run (validate, bench resnet): one process per rank,
+with the variables torchrun's standalone mode gives them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR/PORT; rank 0 hosts the store), but without torchrun's agent process in between, so no
+torch import delays them: every rank starts importing torch at once.
+
+Each rank runs in a session of its own. When a rank exits non-zero the others are stopped (torchrun's rule), and
+the ones that failed first are named (rank, exit code, pid); on --run-timeout or a signal every rank's process
+group is stopped, SIGTERM first, then SIGKILL, so no worker is left holding a GPU. Multi-node runs and ranks
+started by the user's own torchrun or srun keep torchrun's agent (stackproof/suite/agent.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+KILL_GRACE_S = 10.0
+POLL_S = 0.05
+
+
+@dataclasses.dataclass
+class Outcome:
+    exit_code: int  # 0 when every rank exited 0; else the first failure's code (-N: signal N), -1 on timeout
+    failures: list[dict]  # {"rank", "local_rank", "exitcode", "pid"} of the ranks that failed first
+    interrupted: str | None = None  # the signal that stopped the run
+    timed_out: bool = False
+
+
+def rank_env(rank: int, nproc: int, port: int, base: dict[str, str]) -> dict[str, str]:
+    return {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: float,
+        logs: Path | None = None) -> Outcome:
+    """Start `nproc` ranks of `command` and wait for all of them (or the first failure, a signal, the timeout).
+    With `logs`, each rank's stdout and stderr go to logs/rank<N>.log instead of this process's."""
+    base = dict(env)
+    # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
+    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    port = free_port()
+    interrupted: list[str] = []
+    procs: list[subprocess.Popen] = []
+
+    def stop_signal(signum: int, _frame: object) -> None:
+        interrupted.append(signal.Signals(signum).name)
+        _stop(procs, signum)
+
+    previous = {sig: signal.signal(sig, stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for rank in range(nproc):
+            with contextlib.ExitStack() as files:
+                output = None
+                if logs is not None:
+                    logs.mkdir(parents=True, exist_ok=True)
+                    output = files.enter_context(open(logs / f"rank{rank}.log", "wb"))
+                procs.append(subprocess.Popen(list(command), env=rank_env(rank, nproc, port, base),
+                                              start_new_session=True, stdout=output,
+                                              stderr=subprocess.STDOUT if output else None))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [proc.poll() for proc in procs]
+            if interrupted:
+                _stop(procs, signal.SIGTERM)
+                return Outcome(128 + signal.Signals[interrupted[0]].value, [], interrupted[0])
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
+                _stop(procs, signal.SIGTERM)
+                failures = [{"rank": r, "local_rank": r, "exitcode": codes[r], "pid": procs[r].pid} for r in failed]
+                return Outcome(int(codes[failed[0]]), failures)
+            if all(code == 0 for code in codes):
+                return Outcome(0, [])
+            if time.monotonic() > deadline:
+                _stop(procs, signal.SIGTERM)
+                return Outcome(-1, [], timed_out=True)
+            time.sleep(POLL_S)
+    finally:
+        _stop(procs, signal.SIGKILL)  # nothing outlives the launcher, whatever happened above
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop(procs: list[subprocess.Popen], signum: int) -> None:
+    """Signal every rank's process group (the rank and whatever it started), then wait; SIGKILL after the grace."""
+    for proc in procs:
+        _signal_group(proc, signum)
+    deadline = time.monotonic() + KILL_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+        _signal_group(proc, signal.SIGKILL)  # the rank exited: what it started goes with it
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
+        os.killpg(proc.pid, signum)
