@@ -1,8 +1,7 @@
 """The command line: `stackproof validate` proves a machine + image; `stackproof healthcheck` / `act` drain or
 taint a node that failed; `stackproof baseline` and `report` turn reports into a baseline and an HTML page;
 `stackproof bench` prints figures; `stackproof images ...` keeps the matrix, locks and build plan consistent.
-Errors print one line (what was expected, what was found, the fix), no traceback.
-Exit codes: errors.Exit."""
+Errors print one line (what was expected, what was found, the fix), no traceback."""
 
 from __future__ import annotations
 
@@ -13,9 +12,12 @@ from pathlib import Path
 
 from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
-from stackproof.suite.config import ValidateConfig
+from stackproof.suite.config import LAUNCHED_ENV, ValidateConfig
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
+ENVIRONMENT_HELP = ("environment: " + ", ".join(f"{name} (as {flag})" for name, flag in
+                                                ValidateConfig.environment().items())
+                    + f"; a flag given wins. {LAUNCHED_ENV}=1 is set by the launcher that starts the ranks.")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +32,8 @@ class _Parser(argparse.ArgumentParser):
 def _validate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="run the validation suite on every visible GPU (or 2 CPU ranks)",
                        description="Run the suite on every visible GPU (one rank each, NCCL) or on CPU ranks (gloo). "
-                                   "Under torchrun or srun, run as the rank given. " + EXIT_CODES_HELP + ".")
+                                   "Under torchrun or srun, run as the rank given. " + EXIT_CODES_HELP + ".",
+                       epilog=ENVIRONMENT_HELP)
     ValidateConfig.add_arguments(p)
 
 
@@ -45,6 +48,9 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
 
 
+HEALTHCHECK_DEFAULTS = {"tier": "fast"}
+
+
 def _act_parsers(sub: argparse._SubParsersAction) -> None:
     from stackproof.act.config import ActConfig
 
@@ -54,10 +60,11 @@ def _act_parsers(sub: argparse._SubParsersAction) -> None:
                                    "validate on this node (--tier fast unless given), then act: only a failed "
                                    "check (exit 1) acts; bad input, no GPU, the tool's own timeout or an "
                                    "interruption are reported, never acted on (docs/act.md). Exits with validate's "
-                                   "code, or 2 when the action itself failed. " + EXIT_CODES_HELP + ".")
+                                   "code, or 2 when the action itself failed. " + EXIT_CODES_HELP + ".",
+                       epilog=ENVIRONMENT_HELP)
     ActConfig.add_arguments(p.add_argument_group("acting on the verdict"))
-    ValidateConfig.add_arguments(p.add_argument_group("validate's settings"))
-    p.set_defaults(tier="fast")
+    ValidateConfig.add_arguments(p.add_argument_group("validate's settings"), defaults=HEALTHCHECK_DEFAULTS)
+    p.set_defaults(**HEALTHCHECK_DEFAULTS)
     p = sub.add_parser("act", help="act on a finished run's report.json (every node it names)",
                        description="Read <reports>/report.json and act on each failed node it names, with the "
                                    "policy of healthcheck (docs/act.md). Exit 0 when done (acting or not), 2 when "
@@ -114,7 +121,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="stackproof", description=__doc__)
+    parser = _Parser(prog="stackproof", description=__doc__, epilog=EXIT_CODES_HELP + ".")
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
     sub = parser.add_subparsers(dest="command", required=True,  # argparse lists the commands
                                 parser_class=_Parser)

@@ -9,7 +9,17 @@ import dataclasses
 import os
 
 from stackproof.errors import ConfigError
-from stackproof.settings import Settings, at_least, flag_of, fraction, option, parse_bytes, positive
+from stackproof.settings import (
+    Settings,
+    at_least,
+    flag_of,
+    fraction,
+    not_blank,
+    option,
+    parse_bytes,
+    parse_switch,
+    positive,
+)
 from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 
 __all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
@@ -17,6 +27,10 @@ __all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
 FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu", "slow-node", "slow-link")
 TIERS = ("full", "fast")
 REPORTS_ENV = "STACKPROOF_REPORTS"
+NODE_NAME_ENV = "STACKPROOF_NODE_NAME"
+# Not a setting of the user's: whoever starts the ranks and settles the verdict afterwards (the launcher,
+# scripts/torchrun, scripts/slurm) sets it to 1 (worker.py says what it changes). Checked at start-up all the same.
+LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
 # A check may run this much longer than --timeout before the watchdog names the rank holding it up: the
 # collective's own timeout and the cross-rank sync get the first chance to say it.
 WATCHDOG_GRACE_S = 10.0
@@ -87,8 +101,18 @@ class ValidateConfig(Settings):
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
-    reports: str = option(help=f"where report.json, junit.xml and rank logs go (default ${REPORTS_ENV} or "
-                               "./reports)", metavar="DIR", factory=lambda: os.environ.get(REPORTS_ENV, "reports"))
+    reports: str = option("reports", "where report.json, junit.xml and rank logs go; one run at a time per folder",
+                          metavar="DIR", env=REPORTS_ENV, check=not_blank)
+    min_shm: int = option(1 << 30, "bytes /dev/shm must hold, for NCCL's shared-memory transport and DataLoader "
+                                   "workers", metavar="SIZE", parse=parse_bytes, check=at_least(0),
+                          env="STACKPROOF_MIN_SHM_BYTES")
+    expect_declared: bool = option(False, "with no --image, --expect-file or baked-in expected.json, compare the "
+                                          "runtime pins with what the image's ENV declares (PYTORCH_VERSION, "
+                                          "CUDA_VERSION, ...; stackproof's validation layer sets it)",
+                                   env="STACKPROOF_EXPECT_DECLARED")
+    node_name: str | None = option(None, "this node's name in the report (what a drain or a taint names; default "
+                                         "SLURMD_NODENAME, else the host name)", metavar="NAME", check=not_blank,
+                                   env=NODE_NAME_ENV)
     pair_bytes: int | None = option(None, "bytes each pair of ranks sends each way per exchange in the pairwise "
                                           "pass (default 256M on GPU, 1M on CPU)", metavar="SIZE", parse=parse_bytes,
                                     check=at_least(4))
@@ -118,6 +142,13 @@ class ValidateConfig(Settings):
 
     def __post_init__(self) -> None:
         problems = self.field_problems()
+        launched = os.environ.get(LAUNCHED_ENV)
+        if launched is not None:
+            try:
+                parse_switch(launched)
+            except ValueError as err:
+                problems.append(f"{LAUNCHED_ENV}={launched!r} (set by the launcher that starts the ranks): {err}; fix: "
+                                "unset it, or set it to 1 only where a launcher settles the verdict afterwards")
         if self.timeout > self.run_timeout:
             problems.append(f"--timeout {self.timeout:g} must not exceed --run-timeout {self.run_timeout:g}")
         if self.sweep_min and self.sweep_max and self.sweep_min > self.sweep_max:

@@ -23,7 +23,8 @@ def check_input(settings: ValidateConfig) -> None:
     if os.environ.get("PYTEST_ADDOPTS"):
         raise ConfigError(f"PYTEST_ADDOPTS={os.environ['PYTEST_ADDOPTS']!r} is set: the suite runs its own pytest; "
                           "fix: unset it, and pass pytest options after -- (stackproof validate -- -x)")
-    pins.expected(settings.expect_file, settings.image, os.environ)  # a missing/invalid file or image: exit 2
+    # A missing/invalid file or image: exit 2.
+    pins.expected(settings.expect_file, settings.image, os.environ, settings.expect_declared)
 
 
 def validate(settings: ValidateConfig) -> int:

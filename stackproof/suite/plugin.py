@@ -87,9 +87,10 @@ class Recorder:
         self._report.tables[name] = rows
 
     def say(self, text: str) -> None:
-        """A line of the contract (data, or '#'-prefixed), on rank 0's stdout."""
+        """Lines of the contract (data, or '#'-prefixed), on rank 0's stdout; a blank line becomes '#'."""
         if self._env.is_main:
-            print(text, file=self._config.stash[STDOUT_KEY], flush=True)
+            lines = [line if line.strip() else "#" for line in text.splitlines() or [""]]
+            print("\n".join(lines), file=self._config.stash[STDOUT_KEY], flush=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -267,7 +268,7 @@ def _finish(config: pytest.Config, report: Report) -> None:
     report.context["peak_rss_bytes_rank0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     path = report.write(config.stash[SETTINGS_KEY].reports_dir)
     if not config.stash[LAUNCHED_KEY]:
-        print(f"\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
+        print(f"#\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -17,8 +17,9 @@ from typing import IO
 import pytest
 
 from stackproof.errors import ConfigError, Exit
+from stackproof.settings import parse_switch
 from stackproof.suite import smoke_tests_dir, verdict
-from stackproof.suite.config import ValidateConfig
+from stackproof.suite.config import LAUNCHED_ENV, NODE_NAME_ENV, ValidateConfig
 from stackproof.suite.dist import adopt_slurm_env, world_size_from_env
 from stackproof.suite.plugin import Handover
 from stackproof.suite.report import Report
@@ -27,7 +28,7 @@ from stackproof.suite.visibility import no_gpu_verdict
 # Set by whoever started the ranks and settles the verdict afterwards (the launcher, scripts/torchrun,
 # scripts/slurm): a rank then exits 0 whenever its checks ran, so torchrun does not stop rank 0 before it
 # writes the verdict, and rank 0 leaves the printing of the final table to that launcher.
-LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
+__all__ = ["LAUNCHED_ENV", "run"]
 
 
 @contextlib.contextmanager
@@ -74,7 +75,9 @@ def run(settings: ValidateConfig) -> int:
 
 def _run(settings: ValidateConfig) -> int:
     adopt_slurm_env(os.environ)  # type: ignore[arg-type]
-    launched = bool(os.environ.get(LAUNCHED_ENV))
+    launched = parse_switch(os.environ.get(LAUNCHED_ENV, ""))
+    if settings.node_name:  # identity.node_name() reads it on this rank
+        os.environ[NODE_NAME_ENV] = settings.node_name
     rank = int(os.environ.get("RANK", "0"))
     reports = settings.reports_dir
     import torch
