@@ -166,13 +166,47 @@ def _act(args: argparse.Namespace) -> int:
     return run.act_on_reports(args.reports, ActConfig.from_args(args), sys.stdout)
 
 
+def _output(path: Path, inputs: Sequence[Path], what: str) -> Path:
+    """Where `report` / `baseline` may write: a file that is neither a folder, nor one of the reports read, nor
+    any run's report.json (it would be lost). Exit 2 otherwise, before anything is written."""
+    import json
+
+    from stackproof.suite.report import REPORT_FILE, SCHEMA
+
+    def refuse(found: str) -> ConfigError:
+        return ConfigError(f"-o {path}: expected a new file for the {what}, found {found}; fix: name another file, "
+                           f"e.g. -o {what.split()[-1]}.{'html' if 'page' in what else 'json'}")
+
+    if path.is_dir():
+        raise refuse("a folder")
+    read = {(p / REPORT_FILE if p.is_dir() else p).resolve() for p in inputs}
+    if path.resolve() in read:
+        raise refuse("one of the reports it reads")
+    try:
+        existing = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        existing = None  # not a report: the user's to overwrite
+    if isinstance(existing, dict) and existing.get("schema") == SCHEMA:
+        raise refuse("a run's report.json (overwriting it would lose the run)")
+    return path
+
+
+def _write_output(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as err:
+        raise ConfigError(f"-o {path}: expected a file this user can write, found {err.strerror or err}; fix: "
+                          "name a writable file") from None
+
+
 def _baseline(args: argparse.Namespace) -> int:
     import json
 
     from stackproof.suite import baseline
 
+    output = _output(args.output, args.reports, "baseline")
     made, said = baseline.make(args.reports)
-    args.output.write_text(json.dumps(made, indent=2) + "\n")
+    _write_output(output, json.dumps(made, indent=2) + "\n")
     print("\n".join(said))
     for entry in made["entries"]:
         figures = sum(len(f) for f in entry["figures"].values())
@@ -184,7 +218,7 @@ def _baseline(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from stackproof.pictures import page
 
-    path = page.write(args.reports, args.output, references=args.reference)
+    path = page.write(args.reports, _output(args.output, args.reports, "HTML page"), references=args.reference)
     print(f"# report: {path}")
     return 0
 

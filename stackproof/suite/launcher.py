@@ -43,12 +43,16 @@ def validate(settings: ValidateConfig) -> int:
         return no_gpu
     nproc = visible or settings.nproc  # one rank per visible GPU
     settings.check_world(nproc * settings.nnodes)
-    verdict.prepare(settings.reports_dir)
-    print(f"# stackproof validate: {nproc} rank(s) on this node ({'NCCL, one per GPU' if visible else 'gloo, CPU'}) "
-          f"of {settings.nnodes} node(s), tier {settings.tier}; reports: {settings.reports}", flush=True)
-    rc, interrupted, timed_out = _torchrun(settings, nproc)
-    return verdict.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
-                            timed_out_s=settings.run_timeout if timed_out else None)
+    held = verdict.prepare(settings.reports_dir, settings.nnodes)  # the folder is this run's until it is settled
+    try:
+        print(f"# stackproof validate: {nproc} rank(s) on this node "
+              f"({'NCCL, one per GPU' if visible else 'gloo, CPU'}) of {settings.nnodes} node(s), tier "
+              f"{settings.tier}; reports: {settings.reports}", flush=True)
+        rc, interrupted, timed_out = _torchrun(settings, nproc)
+        return verdict.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
+                                timed_out_s=settings.run_timeout if timed_out else None)
+    finally:
+        held.release()
 
 
 def _torchrun(settings: ValidateConfig, nproc: int) -> tuple[int, str | None, bool]:

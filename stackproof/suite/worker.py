@@ -64,6 +64,9 @@ def _nccl_debug_to_file(reports) -> None:
     os.environ["NCCL_DEBUG_FILE"] = str((reports / "nccl" / "nccl.%h.%p.log").resolve())
 
 
+_held: list[verdict.Claim] = []
+
+
 def run(settings: ValidateConfig) -> int:
     """Run this rank, then leave at once: the verdict is written, and tearing down NCCL communicators and the
     CUDA context in the interpreter's exit only costs seconds."""
@@ -87,7 +90,7 @@ def _run(settings: ValidateConfig) -> int:
         return no_gpu
     settings.check_world(world_size_from_env())
     if rank == 0 and not launched:  # started by torchrun or srun directly: nobody prepared the folder
-        verdict.prepare(reports)
+        _held.append(verdict.prepare(reports))  # held until this process ends
     _nccl_debug_to_file(reports)
     log = reports / "logs" / f"rank{rank}.log"
     suite = smoke_tests_dir()
