@@ -93,11 +93,14 @@ class ValidateConfig(Settings):
                                           metavar="PX", check=at_least(1))
     train_steps: int = option(3, "ResNet-50 training steps compared across ranks", metavar="N", check=at_least(2))
     bench_steps: int = option(20, "timed ResNet-50 steps for img/s", metavar="N", check=at_least(1))
-    baseline: str | None = option(None, "fail a figure more than --baseline-tolerance worse than its median in this "
-                                        "baseline (made by `stackproof baseline`) for this run's GPU model and "
-                                        "topology", metavar="PATH", check=baseline_problem)
-    baseline_tolerance: float = option(0.05, "how much worse than its baseline a figure may be, as a fraction of the "
-                                             "baseline", metavar="F", check=positive)
+    baseline: str | None = option(None, "fail a GPU's own figure worse than its median in this baseline (made by "
+                                        "`stackproof baseline`) by more than its tolerance; the baseline must have "
+                                        "an entry for this run's GPU model and topology (else exit 2)",
+                                  metavar="PATH", check=baseline_problem)
+    baseline_tolerance: float | None = option(None, "how much worse than its baseline any figure may be, as a "
+                                                    "fraction of the baseline (default: each figure's own, derived "
+                                                    "from the spread of the known-good runs, at least a floor per "
+                                                    "unit)", metavar="F", check=positive)
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")

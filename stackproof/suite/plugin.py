@@ -80,6 +80,11 @@ class Recorder:
         check = self._report.check(self._nodeid)
         check.category, check.severity = category, severity
 
+    def bad_input(self, message: str) -> None:
+        """Input that turns out not to apply once the machine is known (a --baseline with no entry for it): the
+        run ends as bad input, exit 2, never as a pass nor as a failure of the machine. Call it on every rank."""
+        self._report.override = (Exit.USAGE, message)
+
     def context(self, key: str, value: object) -> None:
         self._report.context[key] = value
 
