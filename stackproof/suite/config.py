@@ -35,6 +35,7 @@ LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
 # collective's own timeout and the cross-rank sync get the first chance to say it.
 WATCHDOG_GRACE_S = 10.0
 STRAGGLER_TOLERANCE_GPU = 0.10
+PAIR_TOLERANCE_GPU = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +124,11 @@ class ValidateConfig(Settings):
                                                "pair without an NVML link (CPU ranks), must reach in the pairwise pass "
                                                "(default: --pair-tolerance below the job's reference)",
                                          metavar="GBPS", check=at_least(0))
-    pair_tolerance: float = option(0.25, "a pair slower than the job's reference (the median over nodes, or GPUs, of "
-                                         "each one's best pair) by more than this fraction is slow", metavar="F",
-                                   check=fraction)
+    pair_tolerance: float | None = option(
+        None, f"a pair slower than the job's reference (the median over nodes, or GPUs, of each one's best pair) by "
+              f"more than this fraction is slow (default {PAIR_TOLERANCE_GPU:g} on GPUs; CPU ranks share the host's "
+              f"cores, so there pair figures are reported and judged only when this or --min-pair-gbps is given)",
+        metavar="F", check=fraction)
     straggler_tolerance: float | None = option(
         None, f"a rank whose own work before a collective (or DDP step) takes this fraction longer than the job's "
               f"median is a straggler (default {STRAGGLER_TOLERANCE_GPU:g} on GPUs; CPU ranks share the host's "
