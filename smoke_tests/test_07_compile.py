@@ -1,7 +1,9 @@
 """torch.compile works: inductor generates and builds kernels at run time, in C++ on the CPU (a C++ compiler and
 Python.h) and with Triton on GPUs (a C compiler for its launcher). An image without them fails the first compile."""
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,28 @@ def pointwise_and_reduction(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.sin(x) * torch.cos(y) + (x * y).sum(dim=-1, keepdim=True)
 
 
+def _on_a_noexec_mount(path: str) -> bool:
+    """Whether `path` (or, before it exists, the nearest folder above it) is on a filesystem mounted noexec."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return bool(os.statvfs(folder).f_flag & os.ST_NOEXEC)
+
+
+def _hint(is_gpu: bool) -> str:
+    """The fix when the compile fails: a noexec kernel cache (a read-only container with a noexec --tmpfs /tmp),
+    else a missing compiler or Python headers."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    kernels = cache_dir()
+    if _on_a_noexec_mount(kernels):
+        return (f"inductor builds its kernels in {kernels} and loads them from there, but that filesystem is mounted "
+                "noexec: let /tmp allow exec (docker run --tmpfs /tmp:exec; Kubernetes: an emptyDir at /tmp), or "
+                "set TORCHINDUCTOR_CACHE_DIR to a folder on a filesystem that allows exec")
+    return (f"torch.compile needs a {'C' if is_gpu else 'C++'} compiler and the Python headers in the image (apt: "
+            "g++ python3.X-dev; stackproof images have them, docker/base); or set CXX/CC to one")
+
+
 def test_torch_compile_matches_eager(dist_env, report):
     # inductor's own on-disk cache is kept: a container starts with an empty one, so an image always compiles
     # here; on a host an earlier run's kernels may be reused, and the figure 'kernels' says which happened.
@@ -20,8 +44,7 @@ def test_torch_compile_matches_eager(dist_env, report):
     torch._dynamo.reset()
     counters.clear()
     backend = "Triton" if dist_env.is_gpu else "C++"
-    report.hint(f"torch.compile needs a {'C' if dist_env.is_gpu else 'C++'} compiler and the Python headers in the "
-                "image (apt: g++ python3.X-dev; stackproof images have them, docker/base); or set CXX/CC to one")
+    report.hint(_hint(dist_env.is_gpu))
     generator = torch.Generator().manual_seed(7)
     x, y = (torch.randn(64, 256, generator=generator).to(dist_env.device) for _ in range(2))
     compiled = torch.compile(pointwise_and_reduction, backend="inductor", fullgraph=True, dynamic=False)

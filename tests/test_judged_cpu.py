@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stackproof.errors import Exit
 
 SLOW_RANK = Path(__file__).resolve().parent / "fixtures" / "slow_rank"
@@ -72,3 +74,23 @@ def test_of_two_ranks_the_slow_one_is_a_straggler(tmp_path):
     check = _check(report, "stragglers::no_rank_arrives_late[all_reduce]")
     assert check["failed_ranks"] == [1], check
     assert "above the other ranks' median" in check["message"]
+
+
+def test_a_noexec_kernel_cache_fails_the_compile_check_with_the_fix_that_works(tmp_path):
+    """Item 16: in a read-only container with a noexec --tmpfs /tmp the hint said to install g++ and python3-dev.
+    A real noexec tmpfs (mounted in a user namespace) is inductor's cache; the hint must name it and the fix."""
+    cache = tmp_path / "noexec"
+    cache.mkdir()
+    reports = tmp_path / "reports"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STACKPROOF_") and k != "PYTEST_ADDOPTS"}
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+         'mount -t tmpfs -o noexec,size=64m tmpfs "$TORCHINDUCTOR_CACHE_DIR" || exit 97\n'
+         f'exec "{sys.executable}" -m stackproof validate --reports "{reports}" --nproc 1 -k compile'],
+        capture_output=True, text=True, timeout=300, env={**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    if proc.returncode == 97 or "unshare" in proc.stderr[:200]:
+        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == Exit.FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    check = _check(json.loads((reports / "report.json").read_text()), "compile::torch_compile_matches_eager")
+    assert f"inductor builds its kernels in {cache}" in check["hint"] and "mounted noexec" in check["hint"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in check["hint"] and "g++" not in check["hint"]
