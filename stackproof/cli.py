@@ -249,6 +249,8 @@ def _images(args: argparse.Namespace) -> int:
             return ConfigError.exit_code
         source = "locks" if args.offline else "locks and torch's wheel metadata"
         print(f"# {len(chosen)} image(s) agree with their {source}: {', '.join(i.name for i in chosen)}")
+        if args.offline:
+            print(f"# {locks.offline_summary(matrix, args.names)}")
         return 0
     if args.images_command == "bake":
         return bake.run(args)
