@@ -22,7 +22,7 @@ from stackproof.suite import smoke_tests_dir, verdict
 from stackproof.suite.config import LAUNCHED_ENV, NODE_NAME_ENV, ValidateConfig
 from stackproof.suite.dist import adopt_slurm_env, world_size_from_env
 from stackproof.suite.plugin import Handover
-from stackproof.suite.report import Report
+from stackproof.suite.report import Report, ReportUnreadable
 from stackproof.suite.visibility import no_gpu_verdict
 
 # Set by whoever started the ranks and settles the verdict afterwards (the launcher, scripts/torchrun,
@@ -100,7 +100,10 @@ def _run(settings: ValidateConfig) -> int:
     with _logged_to(log) as contract:
         handover.stdout = contract
         rc = pytest.main(args, plugins=[handover])
-    report = Report.load(reports) if rank == 0 else None
+    try:
+        report = Report.load(reports) if rank == 0 else None
+    except ReportUnreadable:  # the launcher keeps it and says why; here it only words a message
+        report = None
     if rc == pytest.ExitCode.USAGE_ERROR:
         raise ConfigError(f"pytest rejected its arguments {settings.pytest_args} (its words are in {log}); "
                           "fix: pass only valid pytest options after --")
