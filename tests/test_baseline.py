@@ -187,7 +187,7 @@ def test_only_a_gpus_own_figures_go_into_a_baseline():
                    {"compile": {"value": 3.0, "unit": "s"}})
     report = _with(report, "collectives::barrier", {"barrier": {"value": 0.2, "unit": ms}},
                    {"barrier": {"value": 4.0, "unit": ms}})
-    per_rank = baseline.per_rank_figures(report)
+    per_rank = baseline.per_rank_figures(report, own_only=True)
     for rank in (0, 1):
         names = {name for figures in per_rank[rank].values() for name in figures}
         assert names == {"hbm", "arrival"}, names  # the GPU's memory and its own work before a collective

@@ -44,13 +44,16 @@ def is_bar(name: str) -> bool:
 
 
 def comparable(name: str, figure: dict[str, Any]) -> bool:
+    """A measured number whose unit says which way is better (what the HTML page plots per rank)."""
     value = figure.get("value")
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and figure.get("unit") in UNIT_BETTER
-            and not is_bar(name) and name not in NOT_OWN)
+            and not is_bar(name))
 
 
-def per_rank_figures(report: dict[str, Any]) -> dict[int, dict[str, dict[str, dict[str, Any]]]]:
-    """rank -> check -> figure -> {"value", "unit"}: each rank's own comparable figures. A rank whose figures
+def per_rank_figures(report: dict[str, Any], own_only: bool = False
+                     ) -> dict[int, dict[str, dict[str, dict[str, Any]]]]:
+    """rank -> check -> figure -> {"value", "unit"}: each rank's comparable figures (`own_only`: only those that
+    measure the rank's own GPU, what a baseline holds). A rank whose figures
     equal rank 0's has none of its own in report.json (rank_figures), so it gets rank 0's. Per-GPU figures that
     rank 0 records for every GPU (`hbm@host:gpu`) become the figure `hbm` of the rank on that host and GPU."""
     ranks = report.get("ranks") or [{"rank": r} for r in range(int(report.get("world", {}).get("size", 1)))]
@@ -71,7 +74,7 @@ def per_rank_figures(report: dict[str, Any]) -> dict[int, dict[str, dict[str, di
                     if where != own:
                         continue
                     name = base
-                if comparable(name, figure):
+                if comparable(name, figure) and not (own_only and name in NOT_OWN):
                     kept[name] = figure
             if kept:
                 mine[check["name"]] = kept
@@ -145,7 +148,7 @@ def regressions(report: dict[str, Any], entry: dict[str, Any], override: float |
     """(figure values compared, rank -> what regressed). Figures of the baseline this run did not measure (a -k
     subset, a tier), or that are not a GPU's own, are not compared."""
     compared, found_worse = 0, {}
-    for rank, checks in per_rank_figures(report).items():
+    for rank, checks in per_rank_figures(report, own_only=True).items():
         for check, figures in checks.items():
             for name, figure in figures.items():
                 base = entry["figures"].get(check, {}).get(name)

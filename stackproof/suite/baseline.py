@@ -57,7 +57,7 @@ def make(paths: Sequence[Path]) -> tuple[dict[str, Any], list[str]]:
             entries.append(entry := {"key": key, "reports": [], "samples": {}})
         entry["reports"].append(str(path))
         said.append(f"# {path}: {key_text(key)}")
-        for checks in per_rank_figures(report).values():
+        for checks in per_rank_figures(report, own_only=True).values():
             for check, figures in checks.items():
                 for name, figure in figures.items():
                     sample = entry["samples"].setdefault(check, {}).setdefault(name, {"unit": figure["unit"],
