@@ -195,3 +195,15 @@ except RankTimeout as err:
     assert "rank 0 did not answer the test: its store went away (rank 0 died?)" in said, said
     assert "DistNetworkError" in said or "Error" in said
     assert (datetime.datetime.now() - started).total_seconds() < 30  # said at once, not after the timeout
+
+
+def test_the_nodes_of_one_multi_node_run_share_a_folder_that_a_single_node_run_cannot_take(tmp_path):
+    from stackproof.errors import ConfigError
+    from stackproof.suite import verdict
+
+    node_a, node_b = verdict.claim(tmp_path, nnodes=2), verdict.claim(tmp_path, nnodes=2)
+    with pytest.raises(ConfigError, match=r"found .*\(node of a 2-node run\).* writing there"):
+        verdict.claim(tmp_path, nnodes=1)
+    node_a.release()
+    node_b.release()
+    verdict.claim(tmp_path, nnodes=1).release()

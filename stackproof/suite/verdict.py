@@ -37,14 +37,12 @@ class Claim:
             self._fd = -1
 
 
-def _lock_path(reports_dir: Path, nnodes: int) -> Path:
-    # The nodes of one multi-node run may share a folder (each node's launcher claims it): one lock per host then.
-    return reports_dir / (LOCK_FILE if nnodes == 1 else f".stackproof.{socket.gethostname()}.lock")
-
-
 def claim(reports_dir: Path, nnodes: int = 1) -> Claim:
-    """Take the folder for this run, or refuse (exit 2) naming the run that holds it."""
-    path = _lock_path(reports_dir, nnodes)
+    """Take the folder for this run, or refuse (exit 2) naming the run that holds it. The nodes of one multi-node
+    run may share a folder (each node's launcher claims it): they share the lock, which a single-node run then
+    cannot take (nor they while one holds it); two multi-node runs on one folder are not told apart."""
+    path = reports_dir / LOCK_FILE
+    shared = nnodes > 1
     try:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
@@ -54,19 +52,26 @@ def claim(reports_dir: Path, nnodes: int = 1) -> Claim:
         raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "
                           f"{path.name}: {err.strerror or err}; fix: pass a writable --reports DIR") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError as err:
-        holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a run that has not said who it is"
+        said = os.pread(fd, 4096, 0).decode(errors="replace").strip().splitlines()
+        holder = "; ".join(said[-3:]) or "a run that has not said who it is"
         os.close(fd)
         if err.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-            raise
+            raise ConfigError(f"--reports {reports_dir}: expected a folder that can be locked for the run, found "
+                              f"flock failing on {path.name}: {err.strerror or err}; fix: pass a --reports DIR on a "
+                              "filesystem with locks (a local disk, or NFS with its lock service)") from None
         raise ConfigError(f"--reports {reports_dir}: expected a folder no other run is using, found {holder} "
                           f"writing there ({path.name} is locked); fix: wait for it to finish, or give this run a "
                           "folder of its own (--reports DIR)") from None
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    line = f"stackproof run pid {os.getpid()} on {socket.gethostname()}, started {started}"
     with contextlib.suppress(OSError):  # who holds it, for the run that is refused (best effort)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"stackproof run pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
+        if shared:  # the other nodes of this run may have written theirs
+            os.pwrite(fd, f"{line} (node of a {nnodes}-node run)\n".encode(), os.fstat(fd).st_size)
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{line}\n".encode(), 0)
     return Claim(path, fd)
 
 
