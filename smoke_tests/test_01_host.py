@@ -8,10 +8,9 @@ pytestmark = pytest.mark.fast
 MiB = 1 << 20
 # Docker gives containers 64 MiB of /dev/shm unless told otherwise: NCCL's SHM transport and DataLoader
 # workers then fail mid-run with "unable to write to file </torch_...>" or NCCL shm errors.
-MIN_SHM_BYTES = int(os.environ.get("STACKPROOF_MIN_SHM_BYTES", str(1024 * MiB)))
 
 
-def test_dev_shm_is_large_enough(report):
+def test_dev_shm_is_large_enough(report, settings):
     report.classify("configuration", "triage")
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm on this system")
@@ -20,5 +19,5 @@ def test_dev_shm_is_large_enough(report):
     report.figure("dev_shm", round(size / MiB), "MiB")
     report.hint("run the container with --ipc=host (or --shm-size=8g); Kubernetes: an emptyDir with "
                 "medium: Memory mounted at /dev/shm")
-    assert size >= MIN_SHM_BYTES, (f"/dev/shm is {size / MiB:.0f} MiB, expected >= {MIN_SHM_BYTES / MiB:.0f} MiB "
-                                   "(STACKPROOF_MIN_SHM_BYTES) for NCCL and DataLoader workers")
+    assert size >= settings.min_shm, (f"/dev/shm is {size / MiB:.0f} MiB, expected >= {settings.min_shm / MiB:.0f} "
+                                      "MiB (--min-shm, STACKPROOF_MIN_SHM_BYTES) for NCCL and DataLoader workers")

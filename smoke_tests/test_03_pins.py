@@ -13,7 +13,7 @@ WHEEL_LIBRARIES = [("nccl", "nvidia-nccl-cu"), ("cudnn", "nvidia-cudnn-cu")]
 
 @pytest.fixture(scope="module")
 def promise(settings):
-    return pins.expected(settings.expect_file, settings.image, os.environ)
+    return pins.expected(settings.expect_file, settings.image, os.environ, settings.expect_declared)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,9 @@ Python.h) and with Triton on GPUs (a C compiler for its launcher). An image with
 The compiled function is called several times with fresh inputs, each result compared with eager: a compiled
 kernel that is right once and wrong later (stale inputs, a bad cache entry) fails too."""
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,28 @@ CALLS = 3  # the first call compiles; the later ones reuse the kernels on new da
 
 def pointwise_and_reduction(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.sin(x) * torch.cos(y) + (x * y).sum(dim=-1, keepdim=True)
+
+
+def _on_a_noexec_mount(path: str) -> bool:
+    """Whether `path` (or, before it exists, the nearest folder above it) is on a filesystem mounted noexec."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return bool(os.statvfs(folder).f_flag & os.ST_NOEXEC)
+
+
+def _hint(is_gpu: bool) -> str:
+    """The fix when the compile fails: a noexec kernel cache (a read-only container with a noexec --tmpfs /tmp),
+    else a missing compiler or Python headers."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    kernels = cache_dir()
+    if _on_a_noexec_mount(kernels):
+        return (f"inductor builds its kernels in {kernels} and loads them from there, but that filesystem is mounted "
+                "noexec: let /tmp allow exec (docker run --tmpfs /tmp:exec; Kubernetes: an emptyDir at /tmp), or "
+                "set TORCHINDUCTOR_CACHE_DIR to a folder on a filesystem that allows exec")
+    return (f"torch.compile needs a {'C' if is_gpu else 'C++'} compiler and the Python headers in the image (apt: "
+            "g++ python3.X-dev; stackproof images have them, docker/base); or set CXX/CC to one")
 
 
 def test_torch_compile_matches_eager(dist_env, report):
@@ -24,8 +48,7 @@ def test_torch_compile_matches_eager(dist_env, report):
     torch._dynamo.reset()
     counters.clear()
     backend = "Triton" if dist_env.is_gpu else "C++"
-    report.hint(f"torch.compile needs a {'C' if dist_env.is_gpu else 'C++'} compiler and the Python headers in the "
-                "image (apt: g++ python3.X-dev; stackproof images have them, docker/base); or set CXX/CC to one")
+    report.hint(_hint(dist_env.is_gpu))
     generator = torch.Generator().manual_seed(7)
     inputs = [[torch.randn(64, 256, generator=generator).to(dist_env.device) for _ in range(2)] for _ in range(CALLS)]
     compiled = torch.compile(pointwise_and_reduction, backend="inductor", fullgraph=True, dynamic=False)

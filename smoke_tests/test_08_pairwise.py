@@ -1,11 +1,13 @@
 """Pairwise bandwidth: every pair of local GPUs (a matrix, as nvbandwidth prints it) against the pair's NVML link,
 and every pair of nodes (round-robin, then suspects re-paired with nodes that passed), so that a slow GPU pair, node
-or link is named rather than a slow job. stackproof/suite/pairwise.py has the schedule and the decision."""
+or link is named rather than a slow job. Nothing is named from one measurement: suspects and slow pairs are measured
+again first. stackproof/suite/pairwise.py has the schedule and the decision."""
 
 import pytest
 import torch.distributed as dist
 
 from stackproof.suite import faults, identity, pairwise, topology
+from stackproof.suite.config import PAIR_TOLERANCE_GPU
 
 MiB = 1 << 20
 pytestmark = pytest.mark.multi_rank
@@ -68,6 +70,18 @@ def _blame(report, dist_env, verdict) -> None:
         raise AssertionError("; ".join(verdict["findings"]))
 
 
+def _judged(settings, dist_env) -> float | None:
+    """The pair tolerance, or None: CPU ranks share the host's cores, so their pair figures are reported and judged
+    only when asked (--pair-tolerance or --min-pair-gbps), as their straggler timings are."""
+    if settings.pair_tolerance is not None:
+        return settings.pair_tolerance
+    return PAIR_TOLERANCE_GPU if dist_env.is_gpu or settings.min_pair_gbps is not None else None
+
+
+NOT_JUDGED = ("CPU ranks share this host's cores: their pair figures are reported above, not judged; pass "
+              "--pair-tolerance or --min-pair-gbps to judge them")
+
+
 @pytest.mark.fast
 def test_local_pairs(layout, dist_env, settings, report):
     per_node = layout
@@ -76,56 +90,87 @@ def test_local_pairs(layout, dist_env, settings, report):
     faults.stop_if_asked(settings, dist_env.rank)  # hang: its peers must name it, not wait for it
     nbytes = _nbytes(settings, dist_env)
     base = dist_env.node_rank * per_node
-    mine = {"exchanges": _measure(dist_env, settings, pairwise.round_robin(per_node), dist_env.local_rank,
-                                  lambda local: base + local),
-            "links": _links(dist_env), "node": identity.node_name()}
+    tolerance = _judged(settings, dist_env)
 
-    def decide(values):
+    def local(r):
+        return base + r
+
+    first = _measure(dist_env, settings, pairwise.round_robin(per_node), dist_env.local_rank, local)
+    kept = {}
+
+    def plan(values):
+        """First pass, on rank 0: each pair against its bar; then, per node, what to measure again before any GPU,
+        pair or link is named (a suspect against a GPU that passed, every other slow pair once more)."""
         figures, rails = pairwise.pair_figures([v["exchanges"] for v in values], lambda r: r, nbytes)
         nodes = {r // per_node: values[r - r % per_node]["node"] for r in range(len(values))}
         link_of = {}
-        for first in (n * per_node for n in nodes):
-            for key, link in (values[first]["links"] or {}).items():
+        for first_rank in (n * per_node for n in nodes):
+            for key, link in (values[first_rank]["links"] or {}).items():
                 if key != "error":
                     i, j = map(int, key.split(","))
-                    link_of[(first + i, first + j)] = link
+                    link_of[(first_rank + i, first_rank + j)] = link
         judged = {p: link_of[p]["gbps"] * settings.busbw_fraction for p in figures if link_of.get(p, {}).get("gbps")}
-        if judged and len(judged) == len(figures):  # every pair has an NVML link: each against its own bar
-            ratios = {p: None if g is None else g / judged[p] for p, g in figures.items()}
+        per_pair = bool(judged) and len(judged) == len(figures)
+        if per_pair:  # every pair has an NVML link: each against its own bar
             bar, source = 1.0, f"{settings.busbw_fraction:g} x each pair's NVML link peak (--busbw-fraction)"
+        elif tolerance is None:
+            bar, source = None, NOT_JUDGED
         else:
-            ratios = figures
-            found = pairwise.bar_for(figures, settings.pair_tolerance, settings.min_pair_gbps, "rank")
+            found = pairwise.bar_for(figures, tolerance, settings.min_pair_gbps, "rank")
             bar, source = found.gbps, found.source
-        accused, _ = pairwise.suspects(ratios, bar)
-        cross = {p: g for p, g in ratios.items() if (p[0] in accused) != (p[1] in accused)}
-        verdict = pairwise.localize(ratios, cross, bar)
+        ratios = pairwise.ratios(figures, judged if per_pair else {})
+        kept.update(figures=figures, rails=rails, nodes=nodes, link_of=link_of, judged=judged, ratios=ratios,
+                    bar=bar, source=source, per_pair=per_pair)
+        rounds = {n: [[(a - n * per_node, b - n * per_node) for a, b in r] for r in pairwise.second_pass(
+            {p: g for p, g in ratios.items() if p[0] // per_node == n}, bar)] for n in nodes}
+        depth = max((len(r) for r in rounds.values()), default=0)
+        return [rounds[n] + [[]] * (depth - len(rounds[n])) for n in sorted(nodes)]  # every node: same barriers
+
+    plans = dist_env.agree({"exchanges": first, "links": _links(dist_env), "node": identity.node_name()},
+                           "the local pair bandwidths", plan)
+    second = _measure(dist_env, settings, [[tuple(p) for p in r] for r in plans[dist_env.node_rank]],
+                      dist_env.local_rank, local)
+
+    def decide(values):
+        figures, ratios, bar, nodes = kept["figures"], kept["ratios"], kept["bar"], kept["nodes"]
+        judged, link_of = kept["judged"], kept["link_of"]
+        again_figures, _ = pairwise.pair_figures(values, lambda r: r, nbytes)
+        again = pairwise.ratios(again_figures, judged if kept["per_pair"] else {})
+        verdict = pairwise.localize(ratios, again, bar)
 
         def gpu(r):
             return f"{'GPU' if dist_env.is_gpu else 'rank'} {r % per_node}"
 
+        def gbps(value):
+            return "no answer" if value is None else f"{value:.2f} GB/s"
+
         def said(p):
             link = link_of.get(p, {}).get("label") or ("CPU ranks, gloo" if not dist_env.is_gpu else "link unknown")
-            gbps = figures[p]
             bar_text = f"; bar {judged[p]:.1f} GB/s" if p in judged else f"; bar {bar:.2f} GB/s" if bar else ""
-            return (f"{nodes[p[0] // per_node]}: {gpu(p[0])} <-> {gpu(p[1])} ({link}): "
-                    f"{'no answer' if gbps is None else f'{gbps:.2f} GB/s'}{bar_text}")
+            retest = f", {gbps(again_figures[p])} again" if p in again_figures else ""
+            return (f"{nodes[p[0] // per_node]}: {gpu(p[0])} <-> {gpu(p[1])} ({link}): {gbps(figures[p])}{retest}"
+                    f"{bar_text}")
 
-        findings = [f"{gpu(m)} of {nodes[m // per_node]}: every pair slow, e.g. "
-                    f"{said(next(p for p in figures if m in p))}" for m in verdict["members"]]
+        def retested(m):
+            return next((p for p in again_figures if m in p), None) or next(p for p in figures if m in p)
+
+        findings = [f"{gpu(m)} of {nodes[m // per_node]}: every pair slow, and again against one that passed: "
+                    f"{said(retested(m))}" for m in verdict["members"]]
         findings += [said(p) + " (slow pair)" for p in verdict["links"] + verdict["unresolved"]]
         ranks = sorted(set(verdict["members"]) | {r for p in verdict["links"] + verdict["unresolved"] for r in p})
         rows = [{"node": nodes[p[0] // per_node], "a": p[0] % per_node, "b": p[1] % per_node, "ranks": list(p),
                  "gbps": None if g is None else round(g, 3), "link": link_of.get(p, {}).get("label", ""),
                  "bar_gbps": round(judged[p], 3) if p in judged else bar, "slow": pairwise.is_slow(ratios[p], bar),
-                 "rails": rails[p]} for p, g in sorted(figures.items())]
+                 "retest_gbps": (None if again_figures[p] is None else round(again_figures[p], 3))
+                 if p in again_figures else "not measured again", "rails": kept["rails"][p]}
+                for p, g in sorted(figures.items())]
         matrices = [{"node": nodes[n], "figures": [[a % per_node, b % per_node, g] for (a, b), g in figures.items()
                                                    if a // per_node == n]} for n in sorted(nodes)]
-        return {"findings": findings, "ranks": ranks, "rows": rows, "matrices": matrices, "source": source,
+        return {"findings": findings, "ranks": ranks, "rows": rows, "matrices": matrices, "source": kept["source"],
                 "bar": bar, "members_named": bool(verdict["members"]),
                 "slowest": min((g for g in figures.values() if g is not None), default=None)}
 
-    verdict = dist_env.agree(mine, "the local pair bandwidths", decide)
+    verdict = dist_env.agree(second, "the local pair re-tests", decide)
     label = "GPU" if dist_env.is_gpu else "rank"
     for matrix in verdict["matrices"]:
         figures = {(a, b): g for a, b, g in matrix["figures"]}
@@ -138,7 +183,7 @@ def test_local_pairs(layout, dist_env, settings, report):
     report.figure("pairs", len(verdict["rows"]))
     if verdict["slowest"] is not None:
         report.figure("slowest_pair", round(verdict["slowest"], 3), "GB/s")
-    _own_figure(report, mine["exchanges"], nbytes)
+    _own_figure(report, first, nbytes)
     _blame(report, dist_env, verdict)
     _no_pass_without_a_bar(verdict)
 
@@ -157,7 +202,9 @@ def test_node_pairs(layout, dist_env, settings, report):
 
     def plan(values):
         figures, rails = pairwise.pair_figures([v["exchanges"] for v in values], lambda r: r // per_node, nbytes)
-        bar = pairwise.bar_for(figures, settings.pair_tolerance, settings.min_pair_gbps, "node")
+        tolerance = _judged(settings, dist_env)
+        bar = (pairwise.bar_for(figures, tolerance, settings.min_pair_gbps, "node") if tolerance is not None
+               else pairwise.Bar(None, NOT_JUDGED))
         kept.update(figures=figures, rails=rails, bar=bar, names=[values[n * per_node]["node"] for n in range(nodes)])
         return pairwise.second_pass(figures, bar.gbps)
 

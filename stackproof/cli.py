@@ -14,8 +14,12 @@ from pathlib import Path
 from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.suite.config import ValidateConfig
+from stackproof.suite.launch_env import LAUNCHED_ENV
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
+ENVIRONMENT_HELP = ("environment: " + ", ".join(f"{name} (as {flag})" for name, flag in
+                                                ValidateConfig.environment().items())
+                    + f"; a flag given wins. {LAUNCHED_ENV} is set by the launcher that starts the ranks.")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
 def _validate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="run the validation suite on every visible GPU (or 2 CPU ranks)",
                        description="Run the suite on every visible GPU (one rank each, NCCL) or on CPU ranks (gloo). "
-                                   "Under torchrun or srun, run as the rank given. " + EXIT_CODES_HELP + ".")
+                                   "Under torchrun or srun, run as the rank given. " + EXIT_CODES_HELP + ".",
+                       epilog=ENVIRONMENT_HELP)
     ValidateConfig.add_arguments(p)
 
 
@@ -45,6 +50,9 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
 
 
+HEALTHCHECK_DEFAULTS = {"tier": "fast"}
+
+
 def _act_parsers(sub: argparse._SubParsersAction) -> None:
     from stackproof.act.config import ActConfig
 
@@ -56,10 +64,11 @@ def _act_parsers(sub: argparse._SubParsersAction) -> None:
                                    "--max-drained); an image, pins or settings failure, bad input, the tool's own "
                                    "timeout or an interruption are reported and alerted on, never acted on. Exit "
                                    "(the scheduler's contract): 1 when this node is taken out of service (or "
-                                   "would be, with --scheduler none), else 0, the reason on stdout.")
+                                   "would be, with --scheduler none), else 0, the reason on stdout.",
+                       epilog=ENVIRONMENT_HELP)
     ActConfig.add_arguments(p.add_argument_group("acting on the verdict"))
-    ValidateConfig.add_arguments(p.add_argument_group("validate's settings"))
-    p.set_defaults(tier="fast")
+    ValidateConfig.add_arguments(p.add_argument_group("validate's settings"), defaults=HEALTHCHECK_DEFAULTS)
+    p.set_defaults(**HEALTHCHECK_DEFAULTS)
     p = sub.add_parser("act", help="act on a finished run's report.json (every node it names)",
                        description="Read <reports>/report.json and act on each failed node it names, with the "
                                    "policy of healthcheck (docs/act.md). Exit 0 when done (acting or not), 2 when "
@@ -128,7 +137,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="stackproof", description=__doc__)
+    parser = _Parser(prog="stackproof", description=__doc__, epilog=EXIT_CODES_HELP + ".")
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
     sub = parser.add_subparsers(dest="command", required=True,  # argparse lists the commands
                                 parser_class=_Parser)
@@ -182,13 +191,47 @@ def _act(args: argparse.Namespace) -> int:
     return run.act_on_reports(args.reports, ActConfig.from_args(args), sys.stdout)
 
 
+def _output(path: Path, inputs: Sequence[Path], what: str) -> Path:
+    """Where `report` / `baseline` may write: a file that is neither a folder, nor one of the reports read, nor
+    any run's report.json (it would be lost). Exit 2 otherwise, before anything is written."""
+    import json
+
+    from stackproof.suite.report import REPORT_FILE, SCHEMA
+
+    def refuse(found: str) -> ConfigError:
+        return ConfigError(f"-o {path}: expected a new file for the {what}, found {found}; fix: name another file, "
+                           f"e.g. -o {what.split()[-1]}.{'html' if 'page' in what else 'json'}")
+
+    if path.is_dir():
+        raise refuse("a folder")
+    read = {(p / REPORT_FILE if p.is_dir() else p).resolve() for p in inputs}
+    if path.resolve() in read:
+        raise refuse("one of the reports it reads")
+    try:
+        existing = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        existing = None  # not a report: the user's to overwrite
+    if isinstance(existing, dict) and existing.get("schema") == SCHEMA:
+        raise refuse("a run's report.json (overwriting it would lose the run)")
+    return path
+
+
+def _write_output(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as err:
+        raise ConfigError(f"-o {path}: expected a file this user can write, found {err.strerror or err}; fix: "
+                          "name a writable file") from None
+
+
 def _baseline(args: argparse.Namespace) -> int:
     import json
 
     from stackproof.suite import baseline
 
+    output = _output(args.output, args.reports, "baseline")
     made, said = baseline.make(args.reports)
-    args.output.write_text(json.dumps(made, indent=2) + "\n")
+    _write_output(output, json.dumps(made, indent=2) + "\n")
     print("\n".join(said))
     for entry in made["entries"]:
         figures = sum(len(f) for f in entry["figures"].values())
@@ -227,7 +270,7 @@ def _spec(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from stackproof.pictures import page
 
-    path = page.write(args.reports, args.output, references=args.reference)
+    path = page.write(args.reports, _output(args.output, args.reports, "HTML page"), references=args.reference)
     print(f"# report: {path}")
     return 0
 
@@ -258,6 +301,8 @@ def _images(args: argparse.Namespace) -> int:
             return ConfigError.exit_code
         source = "locks" if args.offline else "locks and torch's wheel metadata"
         print(f"# {len(chosen)} image(s) agree with their {source}: {', '.join(i.name for i in chosen)}")
+        if args.offline:
+            print(f"# {locks.offline_summary(matrix, args.names)}")
         return 0
     if args.images_command == "bake":
         return bake.run(args)

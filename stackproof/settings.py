@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -48,13 +49,30 @@ def fraction(v: Any) -> str | None:
     return None if v is None or 0 < v <= 1 else f"expected a fraction in (0, 1], found {v}"
 
 
+def not_blank(v: Any) -> str | None:
+    return None if v is None or str(v).strip() else f"expected a non-empty value, found {v!r}"
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def parse_switch(text: str) -> bool:
+    """An environment variable's on/off: 1/true/yes/on or 0/false/no/off (or empty)."""
+    value = str(text).strip().lower()
+    if value in _TRUE + _FALSE:
+        return value in _TRUE
+    raise ValueError(f"expected one of {', '.join(_TRUE)} (on) or {', '.join(repr(v) for v in _FALSE)} (off), "
+                     f"found {text!r}")
+
+
 def option(default: Any = None, help: str = "", *, flag: str | None = None, metavar: str | None = None,
            parse: Callable[[str], Any] | None = None, check: Callable[[Any], str | None] | None = None,
            choices: Sequence[str] | None = None, factory: Callable[[], Any] | None = None,
-           positional: bool = False) -> Any:
-    """A settings field and its command-line flag, declared together."""
+           positional: bool = False, env: str | None = None) -> Any:
+    """A settings field and its command-line flag, declared together; `env`: the variable that sets it when the
+    flag is not given (read and checked by `from_args`, at start-up)."""
     meta = {"help": help, "flag": flag, "metavar": metavar, "parse": parse, "check": check, "choices": choices,
-            "positional": positional}
+            "positional": positional, "env": env}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -79,29 +97,47 @@ class Settings:
             raise ConfigError("; ".join(problems) + f" (see: {help_command})")
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+    def add_arguments(cls, parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
+        """The flags; `defaults` replaces a field's default for this command (its help says the one in force)."""
+        defaults = defaults or {}
         for f in dataclasses.fields(cls):
             meta = f.metadata
-            default = f.default if f.default is not dataclasses.MISSING else None
-            text = meta["help"] + (f" (default {default})" if default not in (None, (), "") else "")
+            default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
+            env = f" (env {meta['env']})" if meta.get("env") else ""
+            text = meta["help"] + (f" (default {default})" if default not in (None, (), "", False) else "") + env
             text = text.replace("%", "%%")  # argparse formats help with %: a literal one (10%) is written %%
             if meta["positional"]:
                 parser.add_argument(f.name, nargs="*", metavar=meta["metavar"], help=text)
                 continue
             if str(f.type) == "bool":
                 parser.add_argument(flag_of(f), dest=f.name, action="store_true", default=argparse.SUPPRESS,
-                                    help=meta["help"])
+                                    help=meta["help"] + env)
                 continue
             parser.add_argument(flag_of(f), dest=f.name, metavar=meta["metavar"], choices=meta["choices"],
                                 type=_arg_type(f), default=argparse.SUPPRESS, help=text)
 
     @classmethod
-    def from_args(cls: type[_S], args: argparse.Namespace) -> _S:
+    def from_args(cls: type[_S], args: argparse.Namespace, environ: Any = None) -> _S:
+        """The settings of these flags; a field whose flag was not given takes its environment variable, if set
+        (exit 2 naming the variable when its value does not parse or pass the field's check)."""
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+        environ = os.environ if environ is None else environ
+        problems = []
         for f in dataclasses.fields(cls):
             if f.metadata["positional"]:
                 values[f.name] = tuple(values.get(f.name, ()))
+            elif f.name not in values and f.metadata.get("env") and f.metadata["env"] in environ:
+                try:
+                    values[f.name] = from_env(f, environ[f.metadata["env"]])
+                except ValueError as err:
+                    problems.append(str(err))
+        cls.refuse(problems, "stackproof --help")
         return cls(**values)
+
+    @classmethod
+    def environment(cls) -> dict[str, str]:
+        """{variable: its flag}: every environment variable these settings read."""
+        return {f.metadata["env"]: flag_of(f) for f in dataclasses.fields(cls) if f.metadata.get("env")}
 
     def to_argv(self) -> list[str]:
         """The flags that reproduce these settings (what the launcher hands every rank)."""
@@ -129,6 +165,24 @@ def parse_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+def from_env(field: dataclasses.Field, raw: str) -> Any:
+    """A field's value from its environment variable: parsed like the flag, then the field's own check; a
+    ValueError says the variable, what was expected, what was found and the fix."""
+    name = field.metadata["env"]
+    fix = f"fix: correct {name}, unset it, or pass {flag_of(field)}"
+    try:
+        value = parse_switch(raw) if str(field.type) == "bool" else _arg_type(field).__wrapped__(raw)
+    except (ValueError, argparse.ArgumentTypeError) as err:
+        raise ValueError(f"{name}={raw!r}: {err}; {fix}") from None
+    problem = (field.metadata.get("check") or (lambda _v: None))(value)
+    choices = field.metadata.get("choices")
+    if problem is None and choices and value not in choices:
+        problem = f"expected one of {', '.join(choices)}, found {value!r}"
+    if problem:
+        raise ValueError(f"{name}={raw!r}: {problem}; {fix}")
+    return value
+
+
 def flag_of(field: dataclasses.Field) -> str:
     return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
 
@@ -145,5 +199,12 @@ def _arg_type(field: dataclasses.Field) -> Callable[[str], Any]:
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err) if parse else f"expected {name}, found {text!r}") from None
 
+    def strict(text: str) -> Any:  # an environment variable's value: the conversion's own error
+        try:
+            return convert(text)
+        except ValueError as err:
+            raise ValueError(str(err) if parse else f"expected {name}, found {text!r}") from None
+
     typed.__name__ = name  # argparse names the type in its message
+    typed.__wrapped__ = strict  # type: ignore[attr-defined]
     return typed

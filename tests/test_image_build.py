@@ -258,3 +258,13 @@ def test_test_gpu_hints_at_the_memlock_limit_when_the_engine_refuses_it(built, t
         pytest.skip("this engine lifts the locked-memory limit")
     assert (tmp_path / "exit-code").read_text().strip() == "125", proc.stdout + proc.stderr
     assert "Without GPUs it is not needed: GPU_FLAGS= RUN_FLAGS=--ipc=host" in proc.stderr
+
+
+@pytest.mark.docker
+def test_build_validation_on_a_base_without_python_says_so_last(built):
+    """Issue 20 item 20: the clear "no python3" error was 30 lines above the end, under BuildKit's output."""
+    proc = make("build-validation", f"BASE={IMAGE.base}", timeout=600)  # debian:trixie-slim: no python3
+    assert proc.returncode != 0
+    last = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("make")][-1]
+    assert last == (f"build-validation: BASE={IMAGE.base}: error: the base image has no torch importable by python3 "
+                    "(no python3); fix: BASE must be an image whose python3 has pip and torch"), proc.stderr[-3000:]

@@ -224,7 +224,7 @@ def test_pins_read_an_images_env_only_inside_a_validation_layer():
 
     env = {"PYTORCH_VERSION": "2.11.0", "NV_LIBNCCL_PACKAGE_VERSION": "2.28.9-1+cuda13.0"}
     assert pins.expected(None, None, env).versions == {}  # a host's CUDNN_VERSION may name a lib torch never loads
-    declared = pins.expected(None, None, {**env, pins.DECLARED_SWITCH: "1"})
+    declared = pins.expected(None, None, env, declared_env=True)
     assert declared.versions == {"torch": "2.11.0", "nccl": "2.28.9"}
     assert declared.undeclared == ["python", "torchvision", "cuda", "cudnn"]
     assert "torch=2.11.0" in declared.source

@@ -62,8 +62,10 @@ def test_whole_suite_passes_on_cpu_ranks(tmp_path, nproc):
 
 
 def assert_stdout_is_the_contract(stdout: str, verdict: str) -> None:
-    """nccl-tests' rule: data lines have no '#', every other line has one, and the last line is the verdict."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
+    """nccl-tests' rule: data lines have no '#', every other line has one (an empty line is neither), and the last
+    line is the verdict."""
+    lines = stdout.splitlines()
+    assert all(line.strip() for line in lines), [i for i, line in enumerate(lines) if not line.strip()]
     data = [line for line in lines if not line.startswith("#")]
     assert all(line.startswith("  ") for line in data), [line for line in data if not line.startswith("  ")]
     assert lines[-2].startswith("# Verdict: " + verdict) and lines[-1].startswith("# report: ")

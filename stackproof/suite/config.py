@@ -10,7 +10,18 @@ import os
 
 from stackproof.errors import ConfigError
 from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
-from stackproof.settings import Settings, at_least, flag_of, fraction, option, parse_bytes, positive, seconds
+from stackproof.settings import (
+    Settings,
+    at_least,
+    flag_of,
+    fraction,
+    not_blank,
+    option,
+    parse_bytes,
+    positive,
+    seconds,
+)
+from stackproof.suite import launch_env
 from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.suite.health import KERNEL_LOG
 from stackproof.suite.topology import PCI_DEVICES
@@ -20,10 +31,12 @@ __all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
 FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu", "slow-node", "slow-link")
 TIERS = ("full", "fast")
 REPORTS_ENV = "STACKPROOF_REPORTS"
+NODE_NAME_ENV = "STACKPROOF_NODE_NAME"
 # A check may run this much longer than --timeout before the watchdog names the rank holding it up: the
 # collective's own timeout and the cross-rank sync get the first chance to say it.
 WATCHDOG_GRACE_S = 10.0
 STRAGGLER_TOLERANCE_GPU = 0.10
+PAIR_TOLERANCE_GPU = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,19 +100,32 @@ class ValidateConfig(Settings):
                                           metavar="PX", check=at_least(1))
     train_steps: int = option(3, "ResNet-50 training steps compared across ranks", metavar="N", check=at_least(2))
     bench_steps: int = option(20, "timed ResNet-50 steps for img/s", metavar="N", check=at_least(1))
-    baseline: str | None = option(None, "fail a figure more than --baseline-tolerance worse than its median in this "
-                                        "baseline (made by `stackproof baseline`) for this run's GPU model and "
-                                        "topology", metavar="PATH", check=baseline_problem)
-    baseline_tolerance: float = option(0.05, "how much worse than its baseline a figure may be, as a fraction of the "
-                                             "baseline", metavar="F", check=positive)
+    baseline: str | None = option(None, "fail a GPU's own figure worse than its median in this baseline (made by "
+                                        "`stackproof baseline`) by more than its tolerance; the baseline must have "
+                                        "an entry for this run's GPU model and topology (else exit 2)",
+                                  metavar="PATH", check=baseline_problem)
+    baseline_tolerance: float | None = option(None, "how much worse than its baseline any figure may be, as a "
+                                                    "fraction of the baseline (default: each figure's own, derived "
+                                                    "from the spread of the known-good runs, at least a floor per "
+                                                    "unit)", metavar="F", check=positive)
     spec: str | None = option(None, "hold each node's GPUs to this node spec (made by `stackproof spec` from "
                                     "known-good runs; docs/spec.md): count, model, memory, NVLinks, PCIe, ECC, "
                                     "persistence, MIG, driver, VBIOS, power limit", metavar="PATH", check=spec_problem)
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
-    reports: str = option(help=f"where report.json, junit.xml and rank logs go (default ${REPORTS_ENV} or "
-                               "./reports)", metavar="DIR", factory=lambda: os.environ.get(REPORTS_ENV, "reports"))
+    reports: str = option("reports", "where report.json, junit.xml and rank logs go; one run at a time per folder",
+                          metavar="DIR", env=REPORTS_ENV, check=not_blank)
+    min_shm: int = option(1 << 30, "bytes /dev/shm must hold, for NCCL's shared-memory transport and DataLoader "
+                                   "workers", metavar="SIZE", parse=parse_bytes, check=at_least(0),
+                          env="STACKPROOF_MIN_SHM_BYTES")
+    expect_declared: bool = option(False, "with no --image, --expect-file or baked-in expected.json, compare the "
+                                          "runtime pins with what the image's ENV declares (PYTORCH_VERSION, "
+                                          "CUDA_VERSION, ...; stackproof's validation layer sets it)",
+                                   env="STACKPROOF_EXPECT_DECLARED")
+    node_name: str | None = option(None, "this node's name in the report (what a drain or a taint names; default "
+                                         "SLURMD_NODENAME, else the host name)", metavar="NAME", check=not_blank,
+                                   env=NODE_NAME_ENV)
     pair_bytes: int | None = option(None, "bytes each pair of ranks sends each way per exchange in the pairwise "
                                           "pass (default 256M on GPU, 1M on CPU)", metavar="SIZE", parse=parse_bytes,
                                     check=at_least(4))
@@ -107,9 +133,11 @@ class ValidateConfig(Settings):
                                                "pair without an NVML link (CPU ranks), must reach in the pairwise pass "
                                                "(default: --pair-tolerance below the job's reference)",
                                          metavar="GBPS", check=at_least(0))
-    pair_tolerance: float = option(0.25, "a pair slower than the job's reference (the median over nodes, or GPUs, of "
-                                         "each one's best pair) by more than this fraction is slow", metavar="F",
-                                   check=fraction)
+    pair_tolerance: float | None = option(
+        None, f"a pair slower than the job's reference (the median over nodes, or GPUs, of each one's best pair) by "
+              f"more than this fraction is slow (default {PAIR_TOLERANCE_GPU:g} on GPUs; CPU ranks share the host's "
+              f"cores, so there pair figures are reported and judged only when this or --min-pair-gbps is given)",
+        metavar="F", check=fraction)
     straggler_tolerance: float | None = option(
         None, f"a rank whose own work before a collective (or DDP step) takes this fraction longer than the job's "
               f"median is a straggler (default {STRAGGLER_TOLERANCE_GPU:g} on GPUs; CPU ranks share the host's "
@@ -129,6 +157,14 @@ class ValidateConfig(Settings):
 
     def __post_init__(self) -> None:
         problems = self.field_problems()
+        launched = os.environ.get(launch_env.LAUNCHED_ENV)
+        if launched is not None:
+            try:
+                launch_env.launched()
+            except ValueError as err:
+                problems.append(f"{launch_env.LAUNCHED_ENV}={launched!r} (set by the launcher that starts the "
+                                f"ranks): {err}; fix: unset it, or set it to 1 only where a launcher settles the "
+                                "verdict afterwards (stackproof's own sets its start time)")
         if self.timeout > self.run_timeout:
             problems.append(f"--timeout {self.timeout:g} must not exceed --run-timeout {self.run_timeout:g}")
         if self.sweep_min and self.sweep_max and self.sweep_min > self.sweep_max:

@@ -78,10 +78,15 @@ class DistEnv:
         else:
             self.store.set(prefix + str(self.rank), json.dumps(mine))
             try:  # a blocking get: this store's own timeout is --timeout + ANSWER_GRACE_S (see init)
-                answer = json.loads(self.store.get(prefix + "answer"))
-            except Exception:  # a store timeout raises DistStoreError / RuntimeError depending on the version
-                raise RankTimeout(f"rank 0 did not answer {what} within {self.timeout_s + ANSWER_GRACE_S:.0f} s "
-                                  "(hung or dead); see its output; raise the limit with --timeout", [0]) from None
+                raw = self.store.get(prefix + "answer")
+            except (RuntimeError, OSError) as err:  # DistStoreError: a timeout; DistNetworkError: rank 0's store gone
+                said = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+                waited = self.timeout_s + ANSWER_GRACE_S
+                why = (f"no answer within {waited:.0f} s (hung or dead; raise the limit with --timeout)"
+                       if isinstance(err, dist.DistStoreError) else "its store went away (rank 0 died?)")
+                raise RankTimeout(f"rank 0 did not answer {what}: {why}: {type(err).__name__}: {said}; see its "
+                                  "log (<reports>/logs/rank0.log)", [0]) from err
+            answer = json.loads(raw)
         if "missing" in answer:
             raise RankTimeout(f"rank(s) {answer['missing']} did not finish {what} within {self.timeout_s:.0f} s "
                               "(hung or dead); see their logs (<reports>/logs/rank<N>.log); raise the limit with "

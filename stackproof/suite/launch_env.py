@@ -60,6 +60,15 @@ def launcher_started(env: dict[str, str] | os._Environ = os.environ) -> float | 
         return None  # "1": a script that settles the verdict, not stackproof's launcher
 
 
+def launched(env: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Whether a launcher settles the verdict afterwards: STACKPROOF_LAUNCHED set to a switch (1, a script's) or
+    to the launcher's start time (stackproof's). Raises ValueError for anything else."""
+    from stackproof.settings import parse_switch
+
+    value = env.get(LAUNCHED_ENV, "")
+    return launcher_started(env) is not None or parse_switch(value)
+
+
 def world_size_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
     return int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
 

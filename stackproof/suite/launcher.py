@@ -31,7 +31,8 @@ def check_input(settings: ValidateConfig) -> None:
                           "fix: unset it, and pass pytest options after -- (stackproof validate -- -x)")
     check_launcher_env(os.environ)
     _check_selection(settings.select)
-    pins.expected(settings.expect_file, settings.image, os.environ)  # a missing/invalid file or image: exit 2
+    # A missing/invalid file or image: exit 2.
+    pins.expected(settings.expect_file, settings.image, os.environ, settings.expect_declared)
 
 
 def _check_selection(select: str | None) -> None:
@@ -64,23 +65,27 @@ def validate(settings: ValidateConfig) -> int:
         return stop
     nproc = visible or settings.nproc  # one rank per visible GPU
     settings.check_world(nproc * settings.nnodes)
-    verdict.prepare(settings.reports_dir)
-    print(f"# stackproof validate: {nproc} rank(s) on this node ({'NCCL, one per GPU' if visible else 'gloo, CPU'}) "
-          f"of {settings.nnodes} node(s), tier {settings.tier}; reports: {settings.reports}", flush=True)
-    env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}"}
-    if settings.nnodes == 1 and not settings.rdzv_endpoint:
-        outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc, env,
-                                  settings.run_timeout)
-        _record_phase(settings, "ranks_exited")
-        if outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures):
-            _refused(settings, [f["rank"] for f in outcome.failures])
-        elif outcome.failures:
-            verdict.settle(settings.reports_dir, launcher_exit=outcome.exit_code, failures=outcome.failures)
-        rc, interrupted, timed_out = outcome.exit_code, outcome.interrupted, outcome.timed_out
-    else:
-        rc, interrupted, timed_out = _torchrun(settings, nproc, env)
-    return verdict.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
-                            timed_out_s=settings.run_timeout if timed_out else None)
+    held = verdict.prepare(settings.reports_dir, settings.nnodes)  # the folder is this run's until it is settled
+    try:
+        print(f"# stackproof validate: {nproc} rank(s) on this node "
+              f"({'NCCL, one per GPU' if visible else 'gloo, CPU'}) of {settings.nnodes} node(s), tier "
+              f"{settings.tier}; reports: {settings.reports}", flush=True)
+        env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}"}
+        if settings.nnodes == 1 and not settings.rdzv_endpoint:
+            outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc,
+                                      env, settings.run_timeout)
+            _record_phase(settings, "ranks_exited")
+            if outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures):
+                _refused(settings, [f["rank"] for f in outcome.failures])
+            elif outcome.failures:
+                verdict.settle(settings.reports_dir, launcher_exit=outcome.exit_code, failures=outcome.failures)
+            rc, interrupted, timed_out = outcome.exit_code, outcome.interrupted, outcome.timed_out
+        else:
+            rc, interrupted, timed_out = _torchrun(settings, nproc, env)
+        return verdict.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
+                                timed_out_s=settings.run_timeout if timed_out else None)
+    finally:
+        held.release()
 
 
 def _record_phase(settings: ValidateConfig, name: str) -> None:

@@ -18,7 +18,9 @@ reference is the median over members of each member's best pair. (Not the median
 node is in 2 of the 3 pairs and would drag the median down to its own level; a member's best pair is slow only
 when the member itself is.) A member whose every pair is slow is a suspect; a second pass re-pairs each suspect
 with a member that passed, and measures every other slow pair again. A suspect slow again is named (the node, or
-the GPU); a slow pair whose members are both fine elsewhere, slow again, is named as a link.
+the GPU); a slow pair whose members are both fine elsewhere, slow again, is named as a link. A suspect fine in its
+re-test is not named, nor are its slow pairs (its own slowness then explains them); with no member that passed,
+every slow pair is measured again. Nothing is named from one measurement, inside a node as across nodes.
 """
 
 from __future__ import annotations
@@ -78,8 +80,11 @@ def pack_rounds(pairs: Sequence[Pair]) -> list[list[Pair]]:
 
 def second_pass(figures: dict[Pair, float | None], bar: float | None) -> list[list[Pair]]:
     """What the second pass measures: each suspect against a member that passed, then every other slow pair again
-    (a link is named only if it is slow twice: one slow measurement on a busy host is not a broken link)."""
+    (a link is named only if it is slow twice: one slow measurement on a busy host is not a broken link). When no
+    member passed, every slow pair is measured again: nothing is named from one measurement."""
     accused, passing = suspects(figures, bar)
+    if not passing:
+        return pack_rounds([p for p, g in figures.items() if is_slow(g, bar)])
     links = [p for p, g in figures.items() if is_slow(g, bar) and not set(p) & set(accused)]
     return retest_rounds(accused, passing) + pack_rounds(links)
 
@@ -119,6 +124,14 @@ def bar_for(figures: dict[Pair, float | None], tolerance: float, override: float
                "--pair-tolerance)")
 
 
+def ratios(figures: dict[Pair, float | None], bars: dict[Pair, float]) -> dict[Pair, float | None]:
+    """Each pair's figure as a fraction of its own bar (pairs judged each against its NVML link), or the figures
+    as they are when there is no bar per pair."""
+    if not bars:
+        return dict(figures)
+    return {p: None if g is None else g / bars[p] for p, g in figures.items()}
+
+
 def is_slow(gbps: float | None, bar: float | None) -> bool:
     return gbps is None or (bar is not None and gbps < bar)
 
@@ -135,13 +148,16 @@ def localize(figures: dict[Pair, float | None], retests: dict[Pair, float | None
     {"members": [named: every pair slow, the re-test too], "links": [slow pairs not explained by a named member],
     "unresolved": [slow pairs of suspects nobody could re-test: with no member that passed, a slow member and a
     slow link cannot be told apart], "silent": [pairs that never answered]}. A slow pair measured again in the
-    second pass (second_pass) and fine there is not named."""
-    accused, _ = suspects(figures, bar)
-    retested = {m: [g for pair, g in retests.items() if m in pair] for m in accused}
+    second pass (second_pass) and fine there is not named, and neither is a slow pair of a suspect that was fine
+    against a member that passed (that member's slowness, then, explains the pair)."""
+    accused, passing = suspects(figures, bar)
+    retested = {m: [g for pair, g in retests.items() if m in pair and set(pair) - {m} <= set(passing)]
+                for m in accused}
     members = [m for m in accused if retested[m] and all(is_slow(g, bar) for g in retested[m])]
+    cleared = {m for m in accused if retested[m] and m not in members}
     links, unresolved = [], []
     for pair, gbps in sorted(figures.items()):
-        if not is_slow(gbps, bar) or set(members) & set(pair):
+        if not is_slow(gbps, bar) or set(members) & set(pair) or cleared & set(pair):
             continue
         if pair in retests and not is_slow(retests[pair], bar):
             continue  # slow once, fine when measured again

@@ -20,8 +20,6 @@ from stackproof.errors import ConfigError
 IMAGE_EXPECTED = Path("/etc/stackproof/expected.json")
 IMAGE_LOCK = Path("/etc/stackproof/lock.txt")
 COMPONENTS = ("python", "torch", "torchvision", "cuda", "cudnn", "nccl")
-# Set by the validation layer: on a bare host these variables often describe system libraries torch never loads.
-DECLARED_SWITCH = "STACKPROOF_EXPECT_DECLARED"
 # How other images declare their stack (NGC, nvidia/cuda, pytorch/pytorch), first match wins.
 DECLARED_ENV = {
     "torch": ("PYTORCH_VERSION", "TORCH_VERSION"),
@@ -109,7 +107,8 @@ def installed_versions() -> dict[str, str]:
             if d.metadata["Name"]}
 
 
-def expected(expect_file: str | None, image: str | None, env: dict[str, str] | os._Environ) -> Expected:
+def expected(expect_file: str | None, image: str | None, env: dict[str, str] | os._Environ,
+             declared_env: bool = False) -> Expected:
     """The promise to check against, from the most specific source available. Raises ConfigError (exit 2) for
     a file or image that cannot be read."""
     if expect_file:
@@ -121,8 +120,10 @@ def expected(expect_file: str | None, image: str | None, env: dict[str, str] | o
         return Expected(entry.pins(), f"images/matrix.toml image {image!r}", entry.flavor, entry.lock_path)
     if IMAGE_EXPECTED.exists():
         return _from_file(IMAGE_EXPECTED, f"{IMAGE_EXPECTED} (baked into the image)")
-    if env.get(DECLARED_SWITCH) != "1":
-        return Expected({}, f"nothing declared (inside a validation layer, {DECLARED_SWITCH}=1 reads the image's ENV)")
+    if not declared_env:
+        # Only inside a validation layer (--expect-declared): on a bare host these variables often describe system
+        # libraries torch never loads.
+        return Expected({}, "nothing declared (inside a validation layer, --expect-declared reads the image's ENV)")
     declared = {}
     for component, names in DECLARED_ENV.items():
         for name in names:

@@ -81,6 +81,11 @@ class Recorder:
         check = self._report.check(self._nodeid)
         check.category, check.severity = category, severity
 
+    def bad_input(self, message: str) -> None:
+        """Input that turns out not to apply once the machine is known (a --baseline with no entry for it): the
+        run ends as bad input, exit 2, never as a pass nor as a failure of the machine. Call it on every rank."""
+        self._report.override = (Exit.USAGE, message)
+
     def context(self, key: str, value: object) -> None:
         self._report.context[key] = value
 
@@ -88,9 +93,10 @@ class Recorder:
         self._report.tables[name] = rows
 
     def say(self, text: str) -> None:
-        """A line of the contract (data, or '#'-prefixed), on rank 0's stdout."""
+        """Lines of the contract (data, or '#'-prefixed), on rank 0's stdout; a blank line becomes '#'."""
         if self._env.is_main:
-            print(text, file=self._config.stash[STDOUT_KEY], flush=True)
+            lines = [line if line.strip() else "#" for line in text.splitlines() or [""]]
+            print("\n".join(lines), file=self._config.stash[STDOUT_KEY], flush=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -272,7 +278,7 @@ def _finish(config: pytest.Config, report: Report) -> None:
     report.context["peak_rss_bytes_rank0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     path = report.write(config.stash[SETTINGS_KEY].reports_dir)
     if not config.stash[LAUNCHED_KEY]:
-        print(f"\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
+        print(f"#\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -8,6 +8,7 @@ final verdict only when rank 0 finishes: a run killed at any point never leaves 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -20,12 +21,26 @@ from pathlib import Path
 from typing import Any
 
 from stackproof import __version__
-from stackproof.errors import ConfigError, Exit
+from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.judge import verdict as promise
 from stackproof.judge.findings import CATEGORIES, SEVERITIES  # noqa: F401 (the plugin's import)
 
 SCHEMA = "stackproof.report/1"
 REPORT_FILE, JUNIT_FILE, PROMETHEUS_FILE = "report.json", "junit.xml", "stackproof.prom"
+UNREADABLE_FILE = "report.unreadable.json"  # a report.json that could not be read, kept as evidence
+
+
+class ReportUnreadable(StackproofError):
+    """report.json is there but cannot be read as a report: the caller keeps it (evidence) and says why."""
+
+    exit_code = Exit.INCOMPLETE
+
+
+class ReportUnwritable(StackproofError):
+    """The reports folder would not take the report (full disk, quota, read-only): a tool error, not a check's
+    failure. Exit 4: the run did not complete, since its verdict could not be recorded; nothing is acted on."""
+
+    exit_code = Exit.INCOMPLETE
 
 
 def read_report(path: Path) -> dict[str, Any]:
@@ -253,10 +268,16 @@ class Report:
 
     @classmethod
     def load(cls, reports_dir: Path) -> Report | None:
+        """The report in the folder; None when there is none; ReportUnreadable (with the real error) when there
+        is one that cannot be read."""
+        path = reports_dir / REPORT_FILE
         try:
-            return cls.from_json(json.loads((reports_dir / REPORT_FILE).read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
+            return cls.from_json(json.loads(path.read_text()))
+        except FileNotFoundError:
             return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ReportUnreadable(f"{path}: expected a stackproof report.json, found {type(err).__name__}: "
+                                   f"{err}") from None
 
     def write(self, reports_dir: Path) -> Path:
         """report.json, junit.xml and the Prometheus textfile, each replaced atomically."""
@@ -356,13 +377,22 @@ def _wrap(suite: ET.Element) -> ET.Element:
 
 
 def _replace(path: Path, text: str) -> None:
+    """Write a temporary file next to `path` and move it over it: readers see the old file or the new one. A
+    failed write leaves no temporary file, and says so in one line (ReportUnwritable)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o664)  # a later run in a container (another uid) must be able to replace it
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.chmod(tmp, 0o664)  # a later run in a container (another uid) must be able to replace it
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ReportUnwritable(f"{path}: could not write the run's report ({err.strerror or err}); the checks' "
+                               "outcome is not recorded; fix: free space in the reports folder (or make it "
+                               "writable), or pass --reports DIR on a disk with room, and run again") from None
 
 
 def stale_outputs() -> Iterable[str]:
     """The files a run writes at the top of its reports folder: removed before a run, so none can be read as
     this run's."""
-    return (REPORT_FILE, JUNIT_FILE, PROMETHEUS_FILE, "exit-code")
+    return (REPORT_FILE, JUNIT_FILE, PROMETHEUS_FILE, UNREADABLE_FILE, "exit-code")

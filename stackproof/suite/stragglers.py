@@ -1,31 +1,17 @@
 """Which rank holds the others up. A collective takes as long on every rank as on the slowest (all wait for the
 last to arrive), so it is not the collective that is timed but what each rank does before it arrives: its own
 work from a common start (a barrier) to its arrival, and, for the record, how long it then waited for the others
-(the last to arrive waits least)."""
+(the last to arrive waits least). The decision is stackproof/judge/stragglers.py's."""
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 # The timed work: GEMMs big enough to be timed reliably and small enough to keep the check short.
 GEMM_N_GPU, GEMM_N_CPU, GEMMS = 8192, 256, 4
-
-
-def late_ranks(seconds: Sequence[float | None], tolerance: float) -> dict:
-    """Ranks whose time is more than `tolerance` above the median of the ranks' times. A rank without a time
-    (its own measurement failed, which it says itself) is left out. Returns {"median", "slow": [{"rank", "found",
-    "ratio"}]}."""
-    known = [s for s in seconds if s is not None]
-    if not known:
-        return {"median": None, "slow": []}
-    median = statistics.median(known)
-    slow = [{"rank": rank, "found": s, "ratio": s / median} for rank, s in enumerate(seconds)
-            if s is not None and median > 0 and s > median * (1 + tolerance)]
-    return {"median": median, "slow": slow}
 
 
 def gemm_work(device: torch.device) -> Callable[[], None]:

@@ -4,36 +4,111 @@ scripts/slurm through `stackproof verdict`): report.json as rank 0 left it, plus
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import errno
+import fcntl
 import os
+import shutil
 import signal
+import socket
 from pathlib import Path
 from typing import IO, Any
 
-from stackproof.errors import Exit
-from stackproof.suite.report import Report, stale_outputs
+from stackproof.errors import ConfigError, Exit
+from stackproof.suite.report import REPORT_FILE, UNREADABLE_FILE, Report, ReportUnreadable, stale_outputs
 
 STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGKILL)
+# A run's rank logs, NCCL's log and the report take a few MiB; less free space than this fails mid-run.
+MIN_FREE_BYTES = 16 << 20
+LOCK_FILE = ".stackproof.lock"
 
 
-def prepare(reports_dir: Path) -> None:
-    """Before a run: the folder exists and is writable, and no verdict of an earlier run is left in it."""
-    from stackproof.errors import ConfigError
+class Claim:
+    """A run's hold on its reports folder: an flock on a file in it, held for the run. The kernel drops it when
+    the process ends, however it ends, so a crashed run never blocks the next one."""
 
+    def __init__(self, path: Path, fd: int):
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def claim(reports_dir: Path, nnodes: int = 1) -> Claim:
+    """Take the folder for this run, or refuse (exit 2) naming the run that holds it. The nodes of one multi-node
+    run may share a folder (each node's launcher claims it): they share the lock, which a single-node run then
+    cannot take (nor they while one holds it); two multi-node runs on one folder are not told apart."""
+    path = reports_dir / LOCK_FILE
+    shared = nnodes > 1
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+        except PermissionError:  # left by another uid (a host run before a container run): flock needs no write
+            fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "
+                          f"{path.name}: {err.strerror or err}; fix: pass a writable --reports DIR") from None
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as err:
+        said = os.pread(fd, 4096, 0).decode(errors="replace").strip().splitlines()
+        holder = "; ".join(said[-3:]) or "a run that has not said who it is"
+        os.close(fd)
+        if err.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+            raise ConfigError(f"--reports {reports_dir}: expected a folder that can be locked for the run, found "
+                              f"flock failing on {path.name}: {err.strerror or err}; fix: pass a --reports DIR on a "
+                              "filesystem with locks (a local disk, or NFS with its lock service)") from None
+        raise ConfigError(f"--reports {reports_dir}: expected a folder no other run is using, found {holder} "
+                          f"writing there ({path.name} is locked); fix: wait for it to finish, or give this run a "
+                          "folder of its own (--reports DIR)") from None
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    line = f"stackproof run pid {os.getpid()} on {socket.gethostname()}, started {started}"
+    with contextlib.suppress(OSError):  # who holds it, for the run that is refused (best effort)
+        if shared:  # the other nodes of this run may have written theirs
+            os.pwrite(fd, f"{line} (node of a {nnodes}-node run)\n".encode(), os.fstat(fd).st_size)
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{line}\n".encode(), 0)
+    return Claim(path, fd)
+
+
+def prepare(reports_dir: Path, nnodes: int = 1) -> Claim:
+    """Before a run: the folder exists, is writable, has room, is this run's alone (hold the Claim until the
+    verdict is settled), and no verdict of an earlier run is left in it."""
     try:
         reports_dir.mkdir(parents=True, exist_ok=True)
         probe = reports_dir / f".write-probe-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
-        for name in stale_outputs():
-            (reports_dir / name).unlink(missing_ok=True)
+        free = shutil.disk_usage(reports_dir).free
     except OSError as err:
         raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "
                           f"{err.strerror or err}; fix: pass a writable --reports DIR") from None
+    if free < MIN_FREE_BYTES:
+        raise ConfigError(f"--reports {reports_dir}: expected at least {MIN_FREE_BYTES >> 20} MiB free for the "
+                          f"report and the rank logs, found {free >> 10} KiB; fix: free space there, or pass "
+                          "--reports DIR on a disk with room")
+    held = claim(reports_dir, nnodes)
+    try:
+        for name in stale_outputs():
+            (reports_dir / name).unlink(missing_ok=True)
+    except OSError as err:
+        held.release()
+        raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "
+                          f"{err.strerror or err}; fix: pass a writable --reports DIR") from None
+    return held
 
 
 def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: list[dict[str, Any]] | None = None,
            interrupted: str | None = None, timed_out_s: float | None = None, rendezvous: str | None = None) -> Report:
-    report = Report.load(reports_dir) or Report()
+    kept = False
+    try:
+        report = Report.load(reports_dir) or Report()
+    except ReportUnreadable as err:
+        report, kept = _keep_unreadable(reports_dir, err), True
     before = report.to_json()["exit_code"], report.override
     if report.complete and not (interrupted and report.exit_code == Exit.INTERRUPTED):
         pass  # rank 0 wrote its verdict: what happened after that cannot change it
@@ -57,9 +132,16 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
                                             f"rank died or was stopped); rank logs: {reports_dir}/logs/")
     if failures:
         report.context["launcher_failures"] = failures
-    if (report.to_json()["exit_code"], report.override) != before or failures:
+    if (report.to_json()["exit_code"], report.override) != before or failures or kept:
         report.write(reports_dir)
     return report
+
+
+def _keep_unreadable(reports_dir: Path, err: ReportUnreadable) -> Report:
+    """rank 0's report.json cannot be read: keep it beside the settled report (it is the evidence) and say why."""
+    kept = reports_dir / UNREADABLE_FILE
+    os.replace(reports_dir / REPORT_FILE, kept)
+    return Report(override=(Exit.INCOMPLETE, f"{err}; kept as {kept}; rank logs: {reports_dir}/logs/"))
 
 
 def _how(exitcode: int) -> str:
@@ -73,9 +155,18 @@ def _how(exitcode: int) -> str:
 
 def conclude(reports_dir: Path, out: IO[str], *, launcher_exit: int | None = None,
              interrupted: str | None = None, timed_out_s: float | None = None) -> Exit:
-    """Settle, print the table and the verdict, and return the exit code. A node whose ranks all finished but
-    which holds no report.json (rank 0 ran elsewhere, no shared folder) says so and exits 0."""
-    if not (reports_dir / "report.json").exists() and not launcher_exit and not interrupted and timed_out_s is None:
+    """Settle, print the table and the verdict, and return the exit code. A node whose ranks all finished (their
+    logs are there) but which holds no report.json (rank 0 ran elsewhere, no shared folder) says so and exits 0;
+    a folder no rank wrote to is not a pass."""
+    if not reports_dir.is_dir():
+        raise ConfigError(f"--reports {reports_dir}: expected the run's reports folder, found no such folder; fix: "
+                          "pass the --reports DIR the run was given")
+    if not (reports_dir / REPORT_FILE).exists() and not launcher_exit and not interrupted and timed_out_s is None:
+        if not any((reports_dir / "logs").glob("rank*.log")):
+            print(f"# stackproof: no report.json and no rank log in {reports_dir}: no rank of this run wrote here\n"
+                  f"# Verdict: {Exit.INCOMPLETE.verdict} (exit code {int(Exit.INCOMPLETE)}: "
+                  f"{Exit.INCOMPLETE.meaning})", file=out, flush=True)
+            return Exit.INCOMPLETE
         print(f"# stackproof: this node's ranks finished; no report.json in {reports_dir}: rank 0's node holds the "
               "verdict (or give every node one shared --reports folder)", file=out, flush=True)
         return Exit.OK

@@ -17,16 +17,15 @@ from typing import IO
 import pytest
 
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite import phases, smoke_tests_dir, verdict
-from stackproof.suite.config import ValidateConfig
+from stackproof.suite import launch_env, phases, smoke_tests_dir, verdict
+from stackproof.suite.config import NODE_NAME_ENV, ValidateConfig
 from stackproof.suite.dist import adopt_slurm_env, world_size_from_env
-from stackproof.suite.launch_env import LAUNCHED_ENV
 from stackproof.suite.plugin import Handover
-from stackproof.suite.report import Report
+from stackproof.suite.report import Report, ReportUnreadable
 from stackproof.suite.visibility import no_gpu_verdict
 
 phases.mark("torch_imported")  # with pytest and the plugin: what every rank loads before its first check
-__all__ = ["LAUNCHED_ENV", "run"]
+__all__ = ["run"]
 
 
 @contextlib.contextmanager
@@ -62,6 +61,9 @@ def _nccl_debug_to_file(reports) -> None:
     os.environ["NCCL_DEBUG_FILE"] = str((reports / "nccl" / "nccl.%h.%p.log").resolve())
 
 
+_held: list[verdict.Claim] = []
+
+
 def run(settings: ValidateConfig) -> int:
     """Run this rank, then leave at once: the verdict is written, and tearing down NCCL communicators and the
     CUDA context in the interpreter's exit only costs seconds."""
@@ -73,7 +75,9 @@ def run(settings: ValidateConfig) -> int:
 
 def _run(settings: ValidateConfig) -> int:
     adopt_slurm_env(os.environ)  # type: ignore[arg-type]
-    launched = bool(os.environ.get(LAUNCHED_ENV))
+    launched = launch_env.launched()
+    if settings.node_name:  # identity.node_name() reads it on this rank
+        os.environ[NODE_NAME_ENV] = settings.node_name
     rank = int(os.environ.get("RANK", "0"))
     reports = settings.reports_dir
     import torch
@@ -83,7 +87,7 @@ def _run(settings: ValidateConfig) -> int:
         return no_gpu
     settings.check_world(world_size_from_env())
     if rank == 0 and not launched:  # started by torchrun or srun directly: nobody prepared the folder
-        verdict.prepare(reports)
+        _held.append(verdict.prepare(reports))  # held until this process ends
     _nccl_debug_to_file(reports)
     log = reports / "logs" / f"rank{rank}.log"
     suite = smoke_tests_dir()
@@ -95,7 +99,10 @@ def _run(settings: ValidateConfig) -> int:
     with _logged_to(log) as contract:
         handover.stdout = contract
         rc = pytest.main(args, plugins=[handover])
-    report = Report.load(reports) if rank == 0 else None
+    try:
+        report = Report.load(reports) if rank == 0 else None
+    except ReportUnreadable:  # the launcher keeps it and says why; here it only words a message
+        report = None
     if rc == pytest.ExitCode.USAGE_ERROR:
         raise ConfigError(f"pytest rejected its arguments {settings.pytest_args} (its words are in {log}); "
                           "fix: pass only valid pytest options after --")
