@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from stackproof.suite import baseline
+from stackproof.judge import baseline
 
 STYLE = """
 .map { border-collapse: collapse; font-size: 0.72em; }

@@ -14,8 +14,8 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import Exit
+from stackproof.judge import baseline
 from stackproof.pictures import fleet, nccl_tests
-from stackproof.suite import baseline
 from stackproof.suite.report import read_report
 
 VERDICT_ORDER = ("OK", "INTERRUPTED", "FAILED")
