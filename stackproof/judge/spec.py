@@ -18,6 +18,7 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import ConfigError
+from stackproof.judge import verdict
 from stackproof.judge.findings import RESET, RMA, Finding
 
 SCHEMA = "stackproof.spec/1"
@@ -146,10 +147,7 @@ def refuse_unless_good(source: str, report: Mapping[str, Any]) -> None:
         raise ConfigError(f"{source}: field 'tables.{TABLE}': expected each GPU's facts (written by the "
                           f"{CHECK} checks of a run on GPUs), found none; fix: give reports of `stackproof validate` "
                           "on the GPUs (--tier fast is enough), not CPU runs or runs of an older stackproof")
-    if report.get("verdict") != "OK" or report.get("exit_code") != 0 or not report.get("complete"):
-        raise ConfigError(f"{source}: field 'verdict': expected OK (a complete run where every check passed), "
-                          f"found {report.get('verdict')!r} (exit code {report.get('exit_code')}: "
-                          f"{report.get('message')}); fix: leave this report out")
+    verdict.require_known_good(source, report, "spec")
 
 
 def make_spec(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from stackproof.errors import ConfigError
+
 HOST_KINDS = ("gpu", "cpu")
 JUDGED = ("passed", "failed")
 
@@ -104,3 +106,13 @@ def nothing_judged(checks: Iterable[tuple[str, str, str]]) -> str | None:
         return None
     name, _, message = checks[0]
     return f"every check skipped, e.g. {name}: {message.splitlines()[0] if message else 'no reason given'}"
+
+
+def require_known_good(source: str, report: Mapping[str, Any], made: str) -> None:
+    """A report a baseline or spec is made from must be of a complete run where every check passed: one made
+    from failing runs would hold later runs to a broken machine. Anything else is refused (exit 2)."""
+    if report.get("verdict") != "OK" or report.get("exit_code") != 0 or not report.get("complete"):
+        raise ConfigError(f"{source}: field 'verdict': expected OK (a complete run where every check passed), "
+                          f"found {report.get('verdict')!r} (exit code {report.get('exit_code')}: "
+                          f"{report.get('message')}); a {made} made from failing runs would hold later runs to a "
+                          "broken machine; fix: leave this report out")

@@ -13,6 +13,7 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import ConfigError
+from stackproof.judge import verdict
 from stackproof.judge.baseline import (
     KEY_FIELDS,
     UNIT_BETTER,
@@ -37,11 +38,7 @@ def read_report(path: Path) -> dict[str, Any]:
     """A known-good report.json (or the reports folder holding one); anything else is refused, exit 2."""
     report = report_module.read_report(path)
     path = path / REPORT_FILE if path.is_dir() else path
-    if report.get("verdict") != "OK" or report.get("exit_code") != 0 or not report.get("complete"):
-        raise ConfigError(f"{path}: field 'verdict': expected OK (a complete run where every check passed), found "
-                          f"{report.get('verdict')!r} (exit code {report.get('exit_code')}: {report.get('message')}); "
-                          "a baseline made from failing runs would hold later runs to a broken machine's figures; "
-                          "fix: leave this report out")
+    verdict.require_known_good(str(path), report, "baseline")
     return report
 
 
