@@ -135,7 +135,7 @@ build-validation: $(NEED_VENV) ## only the validation layer, on top of BASE=<ima
 	log=$$(mktemp); rc=0; \
 	VALIDATION_BASE="$(BASE)" VALIDATION_TAG="$$tag" VALIDATION_RUN_USER="$${user:-0:0}" \
 	    $(DOCKER) buildx bake --load -f docker-bake.hcl validation_external 2>&1 | tee "$$log" >&2 || rc=$$?; \
-	said=$$(grep -o "error: the base image[^'\"]*" "$$log" | grep -v '\$$(' | tail -n 1 || true); rm -f "$$log"; \
+	said=$$(grep -o "error: the base image [^'\"]*" "$$log" | grep -v '\$$(' | tail -n 1 || true); rm -f "$$log"; \
 	if [ "$$rc" != 0 ]; then \
 	    echo "build-validation: BASE=$(BASE): $${said:-the build failed, as BuildKit says above}; fix: BASE must be" \
 	        "an image whose python3 has pip and torch" >&2; \
