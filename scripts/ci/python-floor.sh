@@ -48,6 +48,8 @@ run "$venv/bin/python" -m stackproof images list
 run "$venv/bin/python" -m stackproof images check --offline
 started=$SECONDS
 FLOOR_K="${FLOOR_K-collectives and not (reduce_scatter and (max or min or product))}"
-run "$venv/bin/python" -m stackproof validate --nproc 2 --expect-gpus 0 --reports "$venv/reports" ${FLOOR_K:+-k "$FLOOR_K"}
+# Messages up to 1 MiB: the floor proves the code on this Python, not gloo's large sizes (the main run does).
+run "$venv/bin/python" -m stackproof validate --nproc 2 --expect-gpus 0 --max-check-bytes 1M --reports "$venv/reports" \
+    ${FLOOR_K:+-k "$FLOOR_K"}
 log "the CPU suite (${FLOOR_K:-all checks}) passed on Python $version in $((SECONDS - started)) s"
 rm -rf "$venv"
