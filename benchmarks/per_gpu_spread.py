@@ -3,7 +3,7 @@
     python benchmarks/per_gpu_spread.py              # GPU 0, 5 repeats of each setting
     python benchmarks/per_gpu_spread.py --repeats 8 --device 1
 
-For each measurement of stackproof/suite/gpu_proof.py (device copy, pinned host<->device copies, bf16 GEMM, the
+For each measurement of stackproof/measure/gpu_proof.py (device copy, pinned host<->device copies, bf16 GEMM, the
 SDC digest and the exact GEMM) and each iteration setting: the wall seconds of one call (allocation included) and
 the figure's median, spread (max - min) / median, min and max over the repeats. A shorter setting is only worth
 taking where its spread stays as small as the current one's. Needs a CUDA GPU.
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from stackproof.suite import gpu_proof
+from stackproof.measure import gpu_proof
 
 
 def settings_to_try(device: torch.device):

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stackproof.suite.phases import RANK_PHASES, RUN_PHASES  # noqa: E402 (after the checkout is on the path)
+from stackproof.run.phases import RANK_PHASES, RUN_PHASES  # noqa: E402 (after the checkout is on the path)
 
 # The rows, in the order a run passes them: what the terminal showed, and what report.json recorded.
 ORDER = ("launcher_started", "header", *RANK_PHASES, "checks_started", "first_table_line", "checks_done",

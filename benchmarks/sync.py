@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch.distributed as dist
 
-from stackproof.suite import consensus
-from stackproof.suite.dist import DistEnv
+from stackproof.run import consensus
+from stackproof.run.dist import DistEnv
 
 
 def suite_shape() -> tuple[int, int]:

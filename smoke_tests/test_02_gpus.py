@@ -10,8 +10,8 @@ from stackproof.act import policy
 from stackproof.act.decide import SCHEDULER_GPUS
 from stackproof.judge import hardware
 from stackproof.judge.findings import worst
-from stackproof.suite import topology
-from stackproof.suite.visibility import FROM_THE_BUS, expected_gpus, missing
+from stackproof.measure import topology
+from stackproof.run.visibility import FROM_THE_BUS, expected_gpus, missing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fast]
 

@@ -8,7 +8,7 @@ import torch
 
 from stackproof.judge import findings as judged
 from stackproof.judge import spec as node_spec
-from stackproof.suite import health, identity, topology
+from stackproof.measure import health, identity, topology
 
 pytestmark = [pytest.mark.fast, pytest.mark.gpu]
 

@@ -13,7 +13,8 @@ import torch
 
 from stackproof.judge import bars, hardware
 from stackproof.judge import health as rules
-from stackproof.suite import faults, gpu_proof, health, topology
+from stackproof.measure import gpu_proof, health, topology
+from stackproof.run import faults
 
 pytestmark = [pytest.mark.fast, pytest.mark.gpu]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from stackproof.images.locks import read_lock
-from stackproof.suite import pins
+from stackproof.measure import pins
 
 WHEEL_LIBRARIES = [("nccl", "nvidia-nccl-cu"), ("cudnn", "nvidia-cudnn-cu")]
 

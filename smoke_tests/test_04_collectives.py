@@ -13,8 +13,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from stackproof.judge import known_answers as recipe
-from stackproof.suite import faults
-from stackproof.suite.known_answers import (
+from stackproof.measure.known_answers import (
     DTYPES,
     OPS,
     call_window,
@@ -23,6 +22,7 @@ from stackproof.suite.known_answers import (
     first_mismatch,
     rank_input,
 )
+from stackproof.run import faults
 
 MiB = 1 << 20
 OP_NAMES = list(OPS)

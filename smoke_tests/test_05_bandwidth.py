@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stackproof.judge import bars
-from stackproof.suite import bandwidth, topology
+from stackproof.measure import bandwidth, topology
 
 MiB, GiB, KiB = 1 << 20, 1 << 30, 1 << 10
 

@@ -15,7 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from stackproof.judge import known_answers as recipe
-from stackproof.suite import consensus, faults, training
+from stackproof.measure import training
+from stackproof.run import consensus, faults
 
 WARMUP_STEPS_GPU = 5
 

@@ -1,13 +1,14 @@
 """Pairwise bandwidth: every pair of local GPUs (a matrix, as nvbandwidth prints it) against the pair's NVML link,
 and every pair of nodes (round-robin, then suspects re-paired with nodes that passed), so that a slow GPU pair, node
 or link is named rather than a slow job. Nothing is named from one measurement: suspects and slow pairs are measured
-again first. stackproof/suite/pairwise.py has the schedule and the decision."""
+again first. stackproof/measure/pairwise.py has the schedule and the decision."""
 
 import pytest
 import torch.distributed as dist
 
-from stackproof.suite import faults, identity, pairwise, topology
-from stackproof.suite.config import PAIR_TOLERANCE_GPU
+from stackproof.measure import identity, pairwise, topology
+from stackproof.run import faults
+from stackproof.run.config import PAIR_TOLERANCE_GPU
 
 MiB = 1 << 20
 pytestmark = pytest.mark.multi_rank

@@ -13,8 +13,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from stackproof.judge.stragglers import late_ranks
-from stackproof.suite import faults, identity, stragglers
-from stackproof.suite.config import STRAGGLER_TOLERANCE_GPU
+from stackproof.measure import identity, stragglers
+from stackproof.run import faults
+from stackproof.run.config import STRAGGLER_TOLERANCE_GPU
 
 pytestmark = pytest.mark.multi_rank
 REPS = 5

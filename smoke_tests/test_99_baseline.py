@@ -7,8 +7,8 @@ stackproof/judge/baseline.py judges."""
 import pytest
 
 from stackproof.judge import baseline as judge
-from stackproof.suite import baseline
-from stackproof.suite.plugin import REPORT_KEY
+from stackproof.measure import baseline
+from stackproof.run.plugin import REPORT_KEY
 
 pytestmark = [pytest.mark.fast]
 

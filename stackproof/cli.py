@@ -12,8 +12,8 @@ from pathlib import Path
 
 from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
-from stackproof.suite.config import ValidateConfig
-from stackproof.suite.launch_env import LAUNCHED_ENV
+from stackproof.run.config import ValidateConfig
+from stackproof.run.launch_env import LAUNCHED_ENV
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
 ENVIRONMENT_HELP = ("environment: " + ", ".join(f"{name} (as {flag})" for name, flag in
@@ -152,13 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from stackproof.suite.launcher import validate
+    from stackproof.run.launcher import validate
 
     return validate(ValidateConfig.from_args(args))
 
 
 def _verdict(args: argparse.Namespace) -> int:
-    from stackproof.suite import verdict
+    from stackproof.run import settle as verdict
 
     return verdict.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
                             timed_out_s=args.timed_out)
@@ -195,7 +195,7 @@ def _output(path: Path, inputs: Sequence[Path], what: str) -> Path:
     any run's report.json (it would be lost). Exit 2 otherwise, before anything is written."""
     import json
 
-    from stackproof.suite.report import REPORT_FILE, SCHEMA
+    from stackproof.report.record import REPORT_FILE, SCHEMA
 
     def refuse(found: str) -> ConfigError:
         return ConfigError(f"-o {path}: expected a new file for the {what}, found {found}; fix: name another file, "
@@ -226,7 +226,7 @@ def _write_output(path: Path, text: str) -> None:
 def _baseline(args: argparse.Namespace) -> int:
     import json
 
-    from stackproof.suite import baseline
+    from stackproof.measure import baseline
 
     output = _output(args.output, args.reports, "baseline")
     made, said = baseline.make(args.reports)
@@ -243,7 +243,7 @@ def _spec(args: argparse.Namespace) -> int:
     import json
 
     from stackproof.judge import spec
-    from stackproof.suite.report import REPORT_FILE, SCHEMA, read_report
+    from stackproof.report.record import REPORT_FILE, SCHEMA, read_report
 
     out: Path = args.output
     if out.is_dir() or out.name == REPORT_FILE or out.resolve() in {p.resolve() for p in args.reports}:
@@ -267,7 +267,7 @@ def _spec(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stackproof.pictures import page
+    from stackproof.report import page
 
     path = page.write(args.reports, _output(args.output, args.reports, "HTML page"), references=args.reference)
     print(f"# report: {path}")

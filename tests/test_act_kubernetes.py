@@ -273,7 +273,7 @@ def test_daemonset_flags_are_healthcheck_flags():
     """The flags after $0 parse, and the run stays bounded: --run-timeout with --timeout inside it."""
     from stackproof.act.config import ActConfig
     from stackproof.cli import build_parser
-    from stackproof.suite.config import ValidateConfig
+    from stackproof.run.config import ValidateConfig
 
     (container,) = _docs()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     flags = container["args"][4:]

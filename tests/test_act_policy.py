@@ -13,8 +13,8 @@ from stackproof.act import breaker, decide, hardware, kubernetes, policy, slurm
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge.findings import CATEGORIES, SEVERITIES
-from stackproof.suite import topology
-from stackproof.suite.report import SCHEMA
+from stackproof.measure import topology
+from stackproof.report.record import SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -186,7 +186,7 @@ def test_nvml_failing_mid_way_is_said_not_skipped(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: (_ for _ in ()).throw(pynvml.NVMLError(15)))
-    from stackproof.suite.topology import NvmlUnavailable
+    from stackproof.measure.topology import NvmlUnavailable
 
     with pytest.raises(NvmlUnavailable, match="NVML could not list the GPUs' processes"):
         hardware.gpu_use()

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from stackproof.cli import build_parser
-from stackproof.suite.config import ValidateConfig, flag_of, parse_bytes
+from stackproof.run.config import ValidateConfig, flag_of, parse_bytes
 
 
 def _validate_parser() -> argparse.ArgumentParser:

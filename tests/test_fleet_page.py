@@ -16,8 +16,8 @@ import time
 import pytest
 
 from stackproof.errors import Exit
-from stackproof.pictures import page
-from stackproof.suite.report import Check, Figure, Report
+from stackproof.report import page
+from stackproof.report.record import Check, Figure, Report
 
 NODES, GPUS = 128, 8
 SLOW_GPU = ("gpu-017", 5)  # its HBM reads 2.9 TB/s, below the 3.37 bar

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from stackproof.judge import bars, hardware
-from stackproof.suite import gpu_proof, health, topology
+from stackproof.measure import gpu_proof, health, topology
 
 NO_SYSFS = "/nonexistent/sysfs"  # the GPU's own PCIe width then falls back to NVML's
 QUIET_KERNEL_LOG = str(Path(__file__).parent / "fixtures" / "kmsg" / "h200-healthy.log")

@@ -13,7 +13,7 @@ from test_validate_cpu import EXIT_FAILED, EXIT_OK, stackproof, validate
 
 from stackproof.errors import Exit
 from stackproof.images.matrix import REPO_ROOT
-from stackproof.pictures import nccl_tests
+from stackproof.report import nccl_tests
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "nccl-tests"
 EAGER, GRAPH = FIXTURES / "all_reduce_perf-2xH200.txt", FIXTURES / "all_reduce_perf-2xH200-graph.txt"
@@ -140,7 +140,7 @@ def test_without_matplotlib_it_says_which_extra_to_install(page, tmp_path):
 def test_per_gpu_bars_carry_the_checks_bar():
     from test_baseline import gpu_report
 
-    from stackproof.pictures import page
+    from stackproof.report import page
 
     text = page.render([("n1", gpu_report(hbm1=3.9))])
     bars = text[text.index("<h2>Per-GPU and per-rank figures</h2>"):text.index("<h2>Every check, per run</h2>")]

@@ -16,7 +16,8 @@ import pytest
 
 from stackproof.judge import bars, hardware
 from stackproof.judge import health as rules
-from stackproof.suite import health, topology, visibility
+from stackproof.measure import health, topology
+from stackproof.run import visibility
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDING = json.loads((FIXTURES / "nvml" / "h200.json").read_text())

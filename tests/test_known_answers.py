@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stackproof.judge import known_answers as recipe
-from stackproof.suite import gpu_proof, known_answers
+from stackproof.measure import gpu_proof, known_answers
 
 FLOATS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Every world size up to 80 and where the recipe's structure changes (a multiple of 36 ranks and the next), around

@@ -36,7 +36,7 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 # --- dist.adopt_slurm_env -----------------------------------------------------------------------------------
 
 def _adopt(**env: str) -> dict[str, str]:
-    from stackproof.suite.dist import adopt_slurm_env
+    from stackproof.run.dist import adopt_slurm_env
 
     adopt_slurm_env(env)
     return env

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from stackproof.judge.stragglers import late_ranks
-from stackproof.suite import faults, pairwise
-from stackproof.suite.config import ValidateConfig
+from stackproof.measure import pairwise
+from stackproof.run import faults
+from stackproof.run.config import ValidateConfig
 
 
 @pytest.mark.parametrize("members", range(2, 18))

@@ -17,7 +17,7 @@ def test_a_wheel_carries_the_suite_and_finds_it_installed(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, timeout=600)
-    found = subprocess.run([sys.executable, "-c", "from stackproof.suite import smoke_tests_dir; "
+    found = subprocess.run([sys.executable, "-c", "from stackproof.run import smoke_tests_dir; "
                             "print(smoke_tests_dir())"], cwd=tmp_path, env={"PYTHONPATH": str(target)},
                            capture_output=True, text=True, timeout=120, check=True).stdout.strip()
     assert found == str((target / "stackproof" / "smoke_tests").resolve())

@@ -26,8 +26,8 @@ import pytest
 from test_validate_cpu import EXIT_FAILED, EXIT_OK, validate
 
 from stackproof.images.matrix import REPO_ROOT
-from stackproof.suite import metrics
-from stackproof.suite.report import Check, Figure, Report
+from stackproof.report import metrics
+from stackproof.report.record import Check, Figure, Report
 
 RULES = REPO_ROOT / "deploy" / "prometheus" / "stackproof-rules.yml"
 RULE_TESTS = [REPO_ROOT / "deploy" / "prometheus" / name

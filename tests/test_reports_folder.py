@@ -50,7 +50,7 @@ def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
     """Item 1: flock dies with its process, so a crash leaves nothing that blocks."""
     reports = tmp_path / "reports"
     holder = subprocess.Popen([PYTHON, "-c", "import sys, time; from pathlib import Path; "
-                               "from stackproof.suite import verdict; verdict.prepare(Path(sys.argv[1])); "
+                               "from stackproof.run import settle; settle.prepare(Path(sys.argv[1])); "
                                "print('held', flush=True); time.sleep(300)", str(reports)],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -59,7 +59,7 @@ def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
     holder.kill()
     holder.wait()
     assert f"pid {holder.pid}" in (reports / ".stackproof.lock").read_text()  # the dead run's words are still there
-    from stackproof.suite import verdict
+    from stackproof.run import settle as verdict
 
     held = verdict.prepare(reports)  # what the next run's launcher does first: the folder is free
     assert f"pid {os.getpid()} on " in (reports / ".stackproof.lock").read_text()
@@ -171,7 +171,7 @@ def test_a_rank_whose_store_went_away_says_so_not_that_rank_0_timed_out():
     """Item 14: every exception in the agreement read "rank 0 did not answer ... within N s"."""
     script = r"""
 import datetime, sys, torch.distributed as tdist
-from stackproof.suite.dist import DistEnv
+from stackproof.run.dist import DistEnv
 from stackproof.errors import RankTimeout
 port = int(sys.stdin.readline())
 client = tdist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
@@ -199,7 +199,7 @@ except RankTimeout as err:
 
 def test_the_nodes_of_one_multi_node_run_share_a_folder_that_a_single_node_run_cannot_take(tmp_path):
     from stackproof.errors import ConfigError
-    from stackproof.suite import verdict
+    from stackproof.run import settle as verdict
 
     node_a, node_b = verdict.claim(tmp_path, nnodes=2), verdict.claim(tmp_path, nnodes=2)
     with pytest.raises(ConfigError, match=r"found .*\(node of a 2-node run\).* writing there"):

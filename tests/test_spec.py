@@ -13,7 +13,7 @@ from test_validate_cpu import stackproof, validate
 
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge import spec
-from stackproof.suite import topology
+from stackproof.measure import topology
 
 FIXTURE = Path(__file__).parent / "fixtures" / "spec" / "h200x2-report.json"
 H200 = {"gpu_count": 2, "gpu_model": "NVIDIA H200", "memory_total_mib": 143771, "nvlinks_up": 18, "pcie_gen": 5,

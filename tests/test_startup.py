@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stackproof import local_ranks
 from stackproof.errors import Exit
-from stackproof.suite.phases import RANK_PHASES
+from stackproof.run import local_ranks
+from stackproof.run.phases import RANK_PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
 # Printed by every Python process the run starts, when it exits normally (the launcher) or starts (all).
@@ -82,7 +82,7 @@ def test_the_launcher_starts_the_ranks_itself_without_torch_and_records_the_phas
     started = [e for e in events if e["event"] == "start" and "stackproof" in e["argv"]]
     # The launcher and its two ranks, nothing between them (torchrun's agent imports torch before any rank).
     assert sorted(e["rank"] or "launcher" for e in started) == ["0", "1", "launcher"], started
-    assert not any("torch.distributed.run" in e["argv"] or "stackproof.suite.agent" in e["argv"] for e in started)
+    assert not any("torch.distributed.run" in e["argv"] or "stackproof.run.agent" in e["argv"] for e in started)
     (launcher_exit,) = [e for e in events if e["event"] == "exit" and e["rank"] is None]
     assert launcher_exit["torch"] is False, "the launcher imported torch"
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from stackproof.errors import ConfigError
-from stackproof.suite import bandwidth, known_answers, topology
-from stackproof.suite.config import ValidateConfig
-from stackproof.suite.report import Check, Figure, Report
+from stackproof.measure import bandwidth, known_answers, topology
+from stackproof.report.record import Check, Figure, Report
+from stackproof.run.config import ValidateConfig
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -161,7 +161,7 @@ def test_a_fault_on_a_rank_that_does_not_exist_is_bad_input():
 
 
 def test_odd_ones_out_and_joint_outcome():
-    from stackproof.suite import consensus
+    from stackproof.run import consensus
 
     assert consensus.odd_ones_out(["a", "a", "b", "a"]) == [2]
     assert consensus.odd_ones_out(["a", "b"]) == [1]  # a tie: rank 0 is the reference
@@ -179,7 +179,7 @@ def test_agreement_is_one_answer_from_rank_0_and_names_missing_ranks():
     import torch.distributed as tdist
 
     from stackproof.errors import RankTimeout
-    from stackproof.suite.dist import DistEnv
+    from stackproof.run.dist import DistEnv
 
     server = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
@@ -207,7 +207,7 @@ def test_agreement_is_one_answer_from_rank_0_and_names_missing_ranks():
 
 
 def test_shards_are_proven_disjoint_and_covering_from_summaries():
-    from stackproof.suite import training
+    from stackproof.measure import training
 
     size = 40
     good = [list(range(r, size, 4)) for r in range(4)]
@@ -220,7 +220,7 @@ def test_shards_are_proven_disjoint_and_covering_from_summaries():
 
 
 def test_pins_read_an_images_env_only_inside_a_validation_layer():
-    from stackproof.suite import pins
+    from stackproof.measure import pins
 
     env = {"PYTORCH_VERSION": "2.11.0", "NV_LIBNCCL_PACKAGE_VERSION": "2.28.9-1+cuda13.0"}
     assert pins.expected(None, None, env).versions == {}  # a host's CUDNN_VERSION may name a lib torch never loads
@@ -235,7 +235,7 @@ def test_pins_read_an_images_env_only_inside_a_validation_layer():
     ("nccl", "2.30.7", "2.28.9", False), ("python", "3.13", "3.13", True), ("torch", "2.14.1", None, False),
     ("nccl", "2.28", "2.28.0", True), ("torch", "2.9.0", "2.9.0a0+git1234", False)])
 def test_runtime_versions_compare_as_far_as_the_runtime_can_tell(component, expected, found, same):
-    from stackproof.suite import pins
+    from stackproof.measure import pins
 
     assert pins.same_version(component, expected, found) is same
 
@@ -243,7 +243,7 @@ def test_runtime_versions_compare_as_far_as_the_runtime_can_tell(component, expe
 def test_watchdog_tells_a_rank_waiting_in_a_collective_from_one_stalled_elsewhere():
     import threading
 
-    from stackproof.suite import watchdog
+    from stackproof.run import watchdog
 
     # The main thread blocks in join() here, outside torch.distributed and outside the suite's own code.
     seen = {}
@@ -253,7 +253,7 @@ def test_watchdog_tells_a_rank_waiting_in_a_collective_from_one_stalled_elsewher
     assert seen["position"] == (False, "unknown")
 
     # Inside stackproof's cross-rank sync (a store wait) it counts as waiting, located in dist.py.
-    from stackproof.suite import dist
+    from stackproof.run import dist
 
     class SlowStore:
         def set(self, key, value):
@@ -277,7 +277,7 @@ def test_watchdog_tells_a_rank_waiting_in_a_collective_from_one_stalled_elsewher
 
 
 def test_watchdog_message_names_stalled_silent_and_waiting_ranks():
-    from stackproof.suite.watchdog import stall_message
+    from stackproof.run.watchdog import stall_message
 
     answers = {0: {"waiting": True, "where": "test_04_collectives.py:48 in test_barrier"},
                1: {"waiting": False, "where": "faults.py:19 in stop_if_asked"}}
@@ -292,7 +292,7 @@ def test_watchdog_does_not_take_a_checkout_named_stackproof_for_the_suite(tmp_pa
     import importlib.util
     import threading
 
-    from stackproof.suite import watchdog
+    from stackproof.run import watchdog
 
     other = tmp_path / "stackproof" / ".venv" / "lib" / "elsewhere.py"
     other.parent.mkdir(parents=True)

@@ -12,8 +12,8 @@ from test_validate_cpu import validate
 
 from stackproof.errors import Exit
 from stackproof.judge import verdict
-from stackproof.suite import smoke_tests_dir
-from stackproof.suite.report import Check, Report
+from stackproof.report.record import Check, Report
+from stackproof.run import smoke_tests_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "spec" / "h200x2-report.json"
 HBM = "smoke_tests/test_02_per_gpu.py::test_hbm_bandwidth"

@@ -1,5 +1,5 @@
 """Acting on a verdict: drain a Slurm node, label and taint a Kubernetes node. A third role beside images/ (build)
-and suite/ (validate): it reads a finished run's report.json (docs/report-format.md); healthcheck runs validate first.
+and run/ (validate): it reads a finished run's report.json (docs/report-format.md); healthcheck runs validate first.
 
 policy.py: the table, (category, severity) -> drain / alert / report; decide.py: that table applied to a report,
 per node, with the reason a person reads; breaker.py: the fleet circuit breaker (--max-drained); config.py: the

@@ -23,14 +23,14 @@ from typing import Any
 
 from stackproof.act import policy
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite.report import REPORT_FILE, SCHEMA
+from stackproof.report.record import REPORT_FILE, SCHEMA
 
 PASS = "pass"
 PREFIX = "stackproof:"
 # Slurm documents no limit on a node's reason, but `sinfo -R` and `scontrol show node` print it on one line:
 # keep it readable there. Kubernetes label values are at most 63 characters (the verdict label is pass/fail).
 REASON_MAX = 120
-# report.json's context["reason"] for GPUs the scheduler allocated (suite/visibility.py's expected_gpus).
+# report.json's context["reason"] for GPUs the scheduler allocated (run/visibility.py's expected_gpus).
 SCHEDULER_GPUS = "SLURM_GPUS_ON_NODE="
 
 

@@ -15,7 +15,7 @@ class GpuUse:
 
 def gpu_use() -> list[GpuUse] | None:
     """Every GPU NVML sees and who uses it; None when NVML cannot answer (then nothing can be skipped)."""
-    from stackproof.suite.topology import NvmlUnavailable, nvml_session
+    from stackproof.measure.topology import NvmlUnavailable, nvml_session
 
     try:
         with nvml_session() as nvml:

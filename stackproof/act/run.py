@@ -14,18 +14,18 @@ from typing import IO
 from stackproof.act import breaker, decide, hardware, kubernetes, policy, slurm, tool
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite.config import ValidateConfig
-from stackproof.suite.identity import NODE_NAME_ENV, node_name
-from stackproof.suite.topology import NvmlUnavailable, nvidia_gpus_on_bus
+from stackproof.measure.identity import NODE_NAME_ENV, node_name
+from stackproof.measure.topology import NvmlUnavailable, nvidia_gpus_on_bus
+from stackproof.run.config import ValidateConfig
 from stackproof.tools import run_tool
 
 SCHEDULERS = {"slurm": slurm, "kubernetes": kubernetes}  # "none": decide and say, act on nothing
-# What makes a process a rank of someone else's job (torchrun's and srun's variables; suite/dist.py reads
+# What makes a process a rank of someone else's job (torchrun's and srun's variables; run/dist.py reads
 # them): healthcheck is this node's launcher, whatever started it (a Prolog inherits the job's, srun sets them).
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
                   "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID")
 RANK_PREFIXES = ("TORCHELASTIC_",)
-# A launch that chose the GPUs (suite/visibility.py reads these): healthcheck then expects what it was given.
+# A launch that chose the GPUs (run/visibility.py reads these): healthcheck then expects what it was given.
 GPU_REQUESTS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_GPUS_ON_NODE")
 # healthcheck's exit codes: the scheduler's contract (docs/act.md). Non-zero only for a node to take out of service.
 STAYS, TAKEN_OUT = 0, 1
@@ -111,7 +111,7 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
     """Validate this node, then act on what the run found. The scheduler's contract: exit 1 only when this node
     is taken out of service (drained / tainted, or would be with --scheduler none); every other outcome (a pass,
     an alert, a withheld drain, a tool error, bad input) exits 0 with the reason on `out`."""
-    from stackproof.suite.launcher import validate
+    from stackproof.run.launcher import validate
 
     forgot = as_launcher()
     if forgot:

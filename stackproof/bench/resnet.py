@@ -1,7 +1,7 @@
 """`stackproof bench resnet`: ResNet-50 training throughput on 1..N GPUs (DDP from 2), eager and torch.compile'd.
 
 Every count of GPUs is a run of this module's worker on that many ranks, started as validate starts its ranks
-(stackproof/local_ranks.py; synthetic data already on the device, bf16 autocast, channels_last): img/s per
+(stackproof/run/local_ranks.py; synthetic data already on the device, bf16 autocast, channels_last): img/s per
 GPU, the total, scaling against one GPU, and torch.compile's compile time.
 On a machine without GPUs the same runs use CPU ranks (gloo) and small images, so the path is testable anywhere.
 """
@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from stackproof import local_ranks
 from stackproof.errors import ConfigError, StackproofError
+from stackproof.run import local_ranks
 from stackproof.settings import Settings, at_least, option, parse_counts, seconds
 
 MODES = ("eager", "compiled")
@@ -135,7 +135,7 @@ def _worker(argv: list[str]) -> None:
     import torchvision
     from torch.nn.parallel import DistributedDataParallel
 
-    from stackproof.suite import training
+    from stackproof.measure import training
 
     parser = argparse.ArgumentParser()
     ResnetBench.add_arguments(parser)

@@ -9,7 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from stackproof.suite.topology import Gpu
+    from stackproof.measure.topology import Gpu
 
 GB = 1e9
 # PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG specifications).

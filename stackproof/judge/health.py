@@ -1,5 +1,5 @@
 """Health rules: pure functions from what NVML and the kernel log answered about one GPU (a HealthReading,
-recorded by stackproof/suite/health.py) to findings that name the GPU, with a category and a severity as NVIDIA
+recorded by stackproof/measure/health.py) to findings that name the GPU, with a category and a severity as NVIDIA
 DCGM uses them (isolate: take the GPU out of service; reset: a GPU reset / reboot clears it; triage: someone
 must look) and the fix. NVML answering NotSupported means the GPU lacks the feature (an H200 remaps rows instead
 of retiring pages) and is no finding; any other NVML error is one ("n/a: NVML error X")."""

@@ -1,7 +1,7 @@
 """`stackproof validate`: check the input, decide how many ranks, start them, and settle what they did into one
 verdict and exit code (verdict.py). Under torchrun or srun it is itself one rank and runs the suite directly.
 
-The launcher never imports torch: on one node it starts the ranks itself (stackproof/local_ranks.py) the moment
+The launcher never imports torch: on one node it starts the ranks itself (stackproof/run/local_ranks.py) the moment
 the input is checked, so their torch imports are the run's only ones; across nodes each node's ranks come from
 torchrun's agent (agent.py), which needs a rendezvous between nodes."""
 
@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 
-from stackproof import local_ranks
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite import early_cuda, phases, pins, topology, verdict
-from stackproof.suite.config import ValidateConfig
-from stackproof.suite.launch_env import LAUNCHED_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
-from stackproof.suite.report import Report
-from stackproof.suite.visibility import hardware_verdict
+from stackproof.measure import pins, topology
+from stackproof.report.record import Report
+from stackproof.run import early_cuda, local_ranks, phases
+from stackproof.run import settle as verdict
+from stackproof.run.config import ValidateConfig
+from stackproof.run.launch_env import LAUNCHED_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
+from stackproof.run.visibility import hardware_verdict
 
 KILL_GRACE_S = local_ranks.KILL_GRACE_S
 
@@ -53,7 +54,7 @@ def validate(settings: ValidateConfig) -> int:
     if launched_by_a_launcher():
         adopt_slurm_env(os.environ)  # type: ignore[arg-type]
         early_cuda.start(int(os.environ.get("LOCAL_RANK", "0")))  # meanwhile:
-        from stackproof.suite import worker  # imports torch
+        from stackproof.run import worker  # imports torch
 
         return worker.run(settings)
     started = phases.process_started()
@@ -121,7 +122,7 @@ def gpus_without_nvml() -> int:
 
 def _torchrun(settings: ValidateConfig, nproc: int, env: dict[str, str]) -> tuple[int, str | None, bool]:
     """(torchrun's exit code, the signal that interrupted the run if any, whether --run-timeout stopped it)."""
-    cmd = [sys.executable, "-m", "stackproof.suite.agent", settings.reports, *settings.torchrun_rendezvous(),
+    cmd = [sys.executable, "-m", "stackproof.run.agent", settings.reports, *settings.torchrun_rendezvous(),
            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=1",
            "-m", "--", "stackproof", "validate", *settings.to_argv()]
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).

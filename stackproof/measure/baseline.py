@@ -24,8 +24,8 @@ from stackproof.judge.baseline import (
     per_rank_figures,
     summary,
 )
-from stackproof.suite import report as report_module
-from stackproof.suite.report import REPORT_FILE
+from stackproof.report import record as report_module
+from stackproof.report.record import REPORT_FILE
 
 # The judgement's names that callers of the files use (stackproof baseline, the HTML page).
 __all__ = ["SCHEMA", "UNIT_BETTER", "entry_for", "key_of", "key_text", "keys_text", "load", "make", "per_rank_figures",

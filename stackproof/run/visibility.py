@@ -11,9 +11,9 @@ from typing import IO
 
 from stackproof.errors import Exit
 from stackproof.judge import hardware
-from stackproof.suite import topology
-from stackproof.suite.config import ValidateConfig
-from stackproof.suite.report import Report
+from stackproof.measure import topology
+from stackproof.report.record import Report
+from stackproof.run.config import ValidateConfig
 
 NO_GPU_VALUES = ("", "void", "none")
 FROM_THE_BUS = "on the PCI bus"  # the reason's words when the bus set the expectation

@@ -14,7 +14,7 @@ import time
 from stackproof.judge import health as rules
 from stackproof.judge.bars import pcie_expected
 from stackproof.judge.findings import Finding, worst  # noqa: F401 (worst: the checks' import)
-from stackproof.suite import topology
+from stackproof.measure import topology
 
 KERNEL_LOG = "/dev/kmsg"
 JOURNALCTL_TIMEOUT_S = 5.0

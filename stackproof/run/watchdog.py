@@ -20,7 +20,7 @@ from pathlib import Path
 import torch.distributed
 
 import stackproof
-from stackproof.suite import dist as _dist
+from stackproof.run import dist as _dist
 
 # Where frames mean "waiting for the other ranks" (torch.distributed, stackproof's own sync), and where the
 # suite's own code lives: whole directories, resolved, so a checkout in a folder named "stackproof" or a venv

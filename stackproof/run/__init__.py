@@ -1,4 +1,6 @@
-"""The validation side: the suite in smoke_tests/ and what its ranks share."""
+"""Run: start the ranks (launcher, local_ranks, agent, worker), the pytest plugin that turns one session per rank
+into one record (plugin, dist, consensus, watchdog), the run's settings (config) and its reports folder (settle).
+The checks themselves are smoke_tests/; what they read and time is stackproof/measure/."""
 
 from __future__ import annotations
 

@@ -17,12 +17,13 @@ from typing import IO
 import pytest
 
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite import launch_env, phases, smoke_tests_dir, verdict
-from stackproof.suite.config import NODE_NAME_ENV, ValidateConfig
-from stackproof.suite.dist import adopt_slurm_env, world_size_from_env
-from stackproof.suite.plugin import Handover
-from stackproof.suite.report import Report, ReportUnreadable
-from stackproof.suite.visibility import no_gpu_verdict
+from stackproof.report.record import Report, ReportUnreadable
+from stackproof.run import launch_env, phases, smoke_tests_dir
+from stackproof.run import settle as verdict
+from stackproof.run.config import NODE_NAME_ENV, ValidateConfig
+from stackproof.run.dist import adopt_slurm_env, world_size_from_env
+from stackproof.run.plugin import Handover
+from stackproof.run.visibility import no_gpu_verdict
 
 phases.mark("torch_imported")  # with pytest and the plugin: what every rank loads before its first check
 __all__ = ["run"]

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from stackproof.errors import RankTimeout
-from stackproof.suite import phases
-from stackproof.suite.launch_env import adopt_slurm_env, launched_by_a_launcher, world_size_from_env
+from stackproof.run import phases
+from stackproof.run.launch_env import adopt_slurm_env, launched_by_a_launcher, world_size_from_env
 
 __all__ = ["DistEnv", "adopt_slurm_env", "init", "launched_by_a_launcher", "shutdown", "world_size_from_env"]
 

@@ -1,5 +1,5 @@
 """torchrun, run in this process (torch.distributed.run), so that a rank that dies is known by number and
-exit code, not only from torchrun's log: `python -m stackproof.suite.agent REPORTS_DIR [torchrun args]`.
+exit code, not only from torchrun's log: `python -m stackproof.run.agent REPORTS_DIR [torchrun args]`.
 The launcher and scripts/torchrun start it; it records the failures in report.json (verdict.settle)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from stackproof.errors import Exit
-from stackproof.suite import verdict
+from stackproof.run import settle as verdict
 
 
 def main(argv: list[str]) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stackproof.errors import ConfigError, Exit
-from stackproof.suite.report import REPORT_FILE, UNREADABLE_FILE, Report, ReportUnreadable, stale_outputs
+from stackproof.report.record import REPORT_FILE, UNREADABLE_FILE, Report, ReportUnreadable, stale_outputs
 
 STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGKILL)
 # A run's rank logs, NCCL's log and the report take a few MiB; less free space than this fails mid-run.

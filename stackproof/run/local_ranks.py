@@ -6,7 +6,7 @@ torch import delays them: every rank starts importing torch at once.
 Each rank runs in a session of its own. When a rank exits non-zero the others are stopped (torchrun's rule), and
 the ones that failed first are named (rank, exit code, pid); on --run-timeout or a signal every rank's process
 group is stopped, SIGTERM first, then SIGKILL, so no worker is left holding a GPU. Multi-node runs and ranks
-started by the user's own torchrun or srun keep torchrun's agent (stackproof/suite/agent.py)."""
+started by the user's own torchrun or srun keep torchrun's agent (stackproof/run/agent.py)."""
 
 from __future__ import annotations
 

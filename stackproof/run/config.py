@@ -10,6 +10,10 @@ import os
 
 from stackproof.errors import ConfigError
 from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
+from stackproof.measure.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
+from stackproof.measure.health import KERNEL_LOG
+from stackproof.measure.topology import PCI_DEVICES
+from stackproof.run import launch_env
 from stackproof.settings import (
     Settings,
     at_least,
@@ -21,10 +25,6 @@ from stackproof.settings import (
     positive,
     seconds,
 )
-from stackproof.suite import launch_env
-from stackproof.suite.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
-from stackproof.suite.health import KERNEL_LOG
-from stackproof.suite.topology import PCI_DEVICES
 
 __all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
 

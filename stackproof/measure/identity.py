@@ -46,7 +46,7 @@ def of_this_rank(rank: int, node_rank: int, local_rank: int, device_index: int |
 
 
 def _gpu(device_index: int) -> tuple[dict[str, Any] | None, str]:
-    from stackproof.suite import topology
+    from stackproof.measure import topology
 
     try:
         gpus = topology.visible(topology.inventory(), topology.cuda_visible_devices())

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from stackproof.errors import Exit
 
 if TYPE_CHECKING:
-    from stackproof.suite.report import Report
+    from stackproof.report.record import Report
 
 # name -> HELP. The alert rules and the dashboard use these names (tests/test_prometheus.py holds them to it).
 RUN_EXIT_CODE = "stackproof_run_exit_code"

@@ -20,12 +20,13 @@ from typing import IO, Any
 import pytest
 
 from stackproof.errors import Exit, RankTimeout
-from stackproof.suite import consensus, identity, phases, pins, smoke_tests_dir
-from stackproof.suite import dist as sp_dist
-from stackproof.suite.config import ValidateConfig
-from stackproof.suite.launch_env import launcher_started
-from stackproof.suite.report import CATEGORIES, SEVERITIES, Figure, Report
-from stackproof.suite.watchdog import CheckWatchdog
+from stackproof.measure import identity, pins
+from stackproof.report.record import CATEGORIES, SEVERITIES, Figure, Report
+from stackproof.run import consensus, phases, smoke_tests_dir
+from stackproof.run import dist as sp_dist
+from stackproof.run.config import ValidateConfig
+from stackproof.run.launch_env import launcher_started
+from stackproof.run.watchdog import CheckWatchdog
 
 DIST_KEY = pytest.StashKey[sp_dist.DistEnv]()
 REPORT_KEY = pytest.StashKey[Report]()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from stackproof.suite.config import ValidateConfig
+from stackproof.run.config import ValidateConfig
 
 # A slowed rank sleeps this many times the time its own send (or work) took: 10x slower in all, far past any
 # tolerance and a shared host's noise, and the same factor on a laptop's loopback as on InfiniBand.

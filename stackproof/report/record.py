@@ -190,7 +190,7 @@ class Report:
 
     # Identity: which node and GPU each rank is.
     def where(self, rank: int) -> str:
-        from stackproof.suite.identity import from_json
+        from stackproof.measure.identity import from_json
 
         if 0 <= rank < len(self.ranks):
             return from_json(self.ranks[rank]).where()
@@ -307,9 +307,9 @@ class Report:
             ET.SubElement(case, "error", message=self.exit_code.meaning).text = self.message
         return ET.tostring(_wrap(suite), encoding="unicode") + "\n"
 
-    # node_exporter's textfile collector format (stackproof/suite/metrics.py: the names the alert rules use).
+    # node_exporter's textfile collector format (stackproof/report/metrics.py: the names the alert rules use).
     def prometheus(self) -> str:
-        from stackproof.suite import metrics
+        from stackproof.report import metrics
 
         return metrics.textfile(self)
 

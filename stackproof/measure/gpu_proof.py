@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from stackproof.suite import consensus
+from stackproof.run import consensus
 
 # --- Silent data corruption --------------------------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ from typing import Any
 from stackproof import __version__
 from stackproof.errors import Exit
 from stackproof.judge import baseline
-from stackproof.pictures import fleet, nccl_tests
-from stackproof.suite.report import read_report
+from stackproof.report import fleet, nccl_tests
+from stackproof.report.record import read_report
 
 VERDICT_ORDER = ("OK", "INTERRUPTED", "FAILED")
 # Beyond this many runs (a fleet, one report per node) the page draws the node maps instead of a chart per run and
@@ -109,7 +109,7 @@ def _nodes(report: dict[str, Any]) -> str:
 
 def _sweeps(runs: list[tuple[str, dict[str, Any]]], references: list[tuple[str, list[nccl_tests.Row]]]) -> str:
     """busbw and time against size: every run's busbw tables, the threshold, and nccl-tests runs as lines."""
-    from stackproof.pictures import plots
+    from stackproof.report import plots
 
     busbw, times, thresholds = [], [], []
     for label, report in runs:
@@ -154,7 +154,7 @@ def _legend_extremes(lines: list[tuple[str, list[int], list[float], str]], shown
 def _per_gpu(runs: list[tuple[str, dict[str, Any]]]) -> str:
     """Bars per GPU (per rank on CPU) of every figure measured per GPU: the per_gpu checks', and any figure
     whose value differs between ranks."""
-    from stackproof.pictures import plots
+    from stackproof.report import plots
 
     charts = []
     for label, report in runs:
