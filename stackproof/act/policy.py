@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from stackproof.judge.findings import CATEGORIES, SEVERITIES
+from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding
 
 DRAIN, ALERT, REPORT = "drain", "alert", "report"
 ACTIONS = (DRAIN, ALERT, REPORT)  # strongest first: a node with several failed checks gets the strongest
@@ -32,6 +32,13 @@ TABLE: dict[tuple[str, str], str] = {
     ("configuration", "isolate"): ALERT,
     ("configuration", "reset"): ALERT,
     ("configuration", "triage"): ALERT,
+    # A failure that says nothing about the machine: loud, never a drain.
+    ("unclassified", "isolate"): ALERT,
+    ("unclassified", "reset"): ALERT,
+    ("unclassified", "triage"): ALERT,
+    ("tool-error", "isolate"): ALERT,
+    ("tool-error", "reset"): ALERT,
+    ("tool-error", "triage"): ALERT,
 }
 UNCLASSIFIED = ALERT  # a check that did not say what its failure means never drains
 
@@ -47,6 +54,16 @@ def action(category: str, severity: str) -> str:
 
 def strongest(actions: list[str]) -> str:
     return min(actions, key=ACTIONS.index)
+
+
+def of(finding: Finding) -> str:
+    return action(finding.category, finding.severity)
+
+
+def strongest_first(findings: list[Finding]) -> list[Finding]:
+    """The findings ordered by what the policy does with them (drain first), then by severity: the first one
+    decides the node's action and leads its reason."""
+    return sorted(findings, key=lambda f: (ACTIONS.index(of(f)), SEVERITIES.index(f.severity)))
 
 
 def markdown() -> str:

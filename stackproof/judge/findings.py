@@ -7,15 +7,23 @@ Categories say whose fault it is, and so what may be done about it (stackproof/a
   performance    a figure below what the hardware should reach (HBM, GEMM, bandwidth, a baseline)
   software-pins  the image: versions or libraries other than promised
   configuration  the node's or the operator's setup (a spec mismatch in settings, shared memory, NVML access)
+  unclassified   a check's assertion failed, and the check did not say what that means for the machine
+  tool-error     stackproof itself, or a probe, failed: an exception that is no check's judgement of the machine
 Severities, most severe first: isolate (take the GPU or node out of service), reset (a GPU reset or reboot
 clears it), triage (someone must look).
+
+Findings are the one currency from the GPU to the scheduler: each rank hands over its own (its GPU, its node),
+the launcher adds what it saw before and after the ranks (a GPU lost at pre-flight, a hang, a rank that died),
+and a node's action is the strongest the policy table gives over its findings (stackproof/act/decide.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-CATEGORIES = ("gpu-hardware", "interconnect", "performance", "software-pins", "configuration")
+CATEGORIES = ("gpu-hardware", "interconnect", "performance", "software-pins", "configuration", "unclassified",
+              "tool-error")
 SEVERITIES = ("isolate", "reset", "triage")  # most severe first
 
 RESET = "drain the node and reset the GPU (nvidia-smi -r, or reboot); if it comes back after the reset, RMA it"
@@ -32,16 +40,50 @@ class Finding:
     category: str
     severity: str
     action: str  # the fix, in words a person acts on
+    # Where, stamped by the rank that found it (run/plugin.py) or the launcher: empty/None when not known.
+    node: str = ""
+    rank: int | None = None
+    pci_bus_id: str = ""
+    source: str = ""  # the suite's check that found it (e.g. per_gpu::health), or the launcher's step
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES or self.severity not in SEVERITIES:
             raise ValueError(f"category must be one of {CATEGORIES} and severity one of {SEVERITIES}, "
                              f"got {self.category!r}, {self.severity!r}")
 
+    def where(self) -> str:
+        """'GPU 3 GPU-8c1e... PCI 0000:19:00.0', 'rank 6' (a CPU rank), or 'node'."""
+        if self.gpu_index is None:
+            return f"rank {self.rank}" if self.rank is not None and self.category == "tool-error" else "node"
+        return " ".join(x for x in (f"GPU {self.gpu_index}", self.uuid if self.uuid != "n/a" else "",
+                                    f"PCI {self.pci_bus_id}" if self.pci_bus_id else "") if x)
+
     def __str__(self) -> str:
-        where = "node" if self.gpu_index is None else f"GPU {self.gpu_index} {self.uuid}"
-        return (f"{where}: {self.check}: expected {self.expected}, found {self.found} "
+        return (f"{self.where()}: {self.check}: expected {self.expected}, found {self.found} "
                 f"[{self.category}, {self.severity}]; fix: {self.action}")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Finding:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"a finding with unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+    def at(self, **where: Any) -> Finding:
+        """The same finding with the blanks of where it was found filled in (a rank stamps its own)."""
+        blanks = {k: v for k, v in where.items() if getattr(self, k) in ("", None, "n/a") and v not in ("", None)}
+        return dataclasses.replace(self, **blanks) if blanks else self
+
+
+def tool_error(check: str, error: str, fix: str = "") -> Finding:
+    """A probe or stackproof itself failed (an exception, a timeout of the tool): said, never drained."""
+    return Finding(None, "", check, "the check to run to its judgement", error, "tool-error", "triage",
+                   fix or "a stackproof or probe error, not a finding about the machine: see the rank's log in "
+                          "the reports folder's logs/, and report it with the log if it recurs")
 
 
 def worst(findings: list[Finding]) -> tuple[str, str] | None:

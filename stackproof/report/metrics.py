@@ -37,7 +37,7 @@ HELP = {
                  "while the run is going",
     NODE_VALIDATED: "when the run that checked this node started (Unix time)",
     CHECK_PASSED: "1 if the check passed on the node, 0 if it failed; skipped checks are absent",
-    FINDING: "1 per failed check and rank: the node, GPU and check to act on, with its category and severity",
+    FINDING: "1 per finding: the node, GPU and check to act on, with its category and severity",
     CHECK_FIX: "1 per failed check; the label fix is what to do about it",
     FIGURE: "a measured figure of a check, per rank (and GPU); the unit is a label",
 }
@@ -83,9 +83,11 @@ def textfile(report: Report) -> str:
             continue
         if check.hint:
             add(CHECK_FIX, 1, check=check.name, fix=check.hint)
-        for rank in check.failed_ranks:
-            where = _where(ident.get(rank, {}))
-            add(FINDING, 1, **where, rank=rank, check=check.name, category=check.category, severity=check.severity)
+    for finding in report.all_findings():
+        node = finding.node or (ident.get(finding.rank) or {}).get("node", "")
+        add(FINDING, 1, node=node, gpu="" if finding.gpu_index is None else finding.gpu_index,
+            uuid="" if finding.uuid == "n/a" else finding.uuid, rank="" if finding.rank is None else finding.rank,
+            check=finding.source or finding.check, category=finding.category, severity=finding.severity)
 
     rank_at = {(i.get("host"), (i.get("gpu") or {}).get("index")): rank for rank, i in ident.items()}
     for check in report.checks:

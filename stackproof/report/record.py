@@ -23,9 +23,11 @@ from typing import Any
 from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.judge import verdict as promise
-from stackproof.judge.findings import CATEGORIES, SEVERITIES  # noqa: F401 (the plugin's import)
+from stackproof.judge.findings import Finding
 
-SCHEMA = "stackproof.report/1"
+# The record's shape (docs/report-format.md). 2: findings per rank (Check.findings, Report.findings), where 1 had
+# one category and severity per check.
+SCHEMA = "stackproof.report/2"
 REPORT_FILE, JUNIT_FILE, PROMETHEUS_FILE = "report.json", "junit.xml", "stackproof.prom"
 UNREADABLE_FILE = "report.unreadable.json"  # a report.json that could not be read, kept as evidence
 
@@ -74,9 +76,9 @@ class Check:
     duration_s: float = 0.0
     message: str = ""
     hint: str = ""
-    category: str = ""
-    severity: str = ""
     failed_ranks: list[int] = dataclasses.field(default_factory=list)
+    # Every failing rank's own findings (judge/findings.py), each naming its node, rank and GPU.
+    findings: list[Finding] = dataclasses.field(default_factory=list)
     figures: dict[str, Figure] = dataclasses.field(default_factory=dict)
     # Figures of the ranks whose figures differ from rank 0's (per-GPU measurements), by rank.
     rank_figures: dict[int, dict[str, Figure]] = dataclasses.field(default_factory=dict)
@@ -95,6 +97,7 @@ class Check:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["figures"] = {k: dataclasses.asdict(f) for k, f in self.figures.items()}
+        data["findings"] = [f.to_json() for f in self.findings]
         data["rank_figures"] = {str(r): {k: dataclasses.asdict(f) for k, f in figs.items()}
                                 for r, figs in self.rank_figures.items()}
         return {"name": self.name, "verdict": self.verdict, **data}
@@ -104,6 +107,7 @@ class Check:
         fields = {f.name for f in dataclasses.fields(cls)}
         check = cls(**{k: v for k, v in data.items() if k in fields})
         check.figures = {k: Figure(**f) for k, f in data.get("figures", {}).items()}
+        check.findings = [Finding.from_json(f) for f in data.get("findings", [])]
         check.rank_figures = {int(r): {k: Figure(**f) for k, f in figs.items()}
                               for r, figs in data.get("rank_figures", {}).items()}
         return check
@@ -125,6 +129,9 @@ class Report:
     # (exit code, why) when the checks alone do not tell: a dead or hung rank, an interruption, bad input.
     override: tuple[int, str] | None = None
     complete: bool = False  # rank 0 finished and wrote this verdict
+    # Findings of the run rather than of one check: the launcher's pre-flight (a GPU lost, GPUs missing), a hang
+    # the watchdog pinned, a rank that died.
+    findings: list[Finding] = dataclasses.field(default_factory=list)
 
     def check(self, nodeid: str) -> Check:
         for existing in self.checks:
@@ -196,8 +203,13 @@ class Report:
             return from_json(self.ranks[rank]).where()
         return f"rank {rank}"
 
+    def all_findings(self) -> list[Finding]:
+        """The run's findings and every check's, each with its node ('' where the run names none)."""
+        return [*self.findings, *(f for c in self.checks for f in c.findings)]
+
     def nodes(self) -> list[dict[str, Any]]:
-        """Per node: verdict, failing checks, its ranks and GPUs (the unit a platform team drains)."""
+        """Per node: verdict, failing checks, its ranks and GPUs (the unit a platform team drains), for the
+        renderings; what is done to a node is act/decide.py's, from the findings."""
         by_node: dict[str, dict[str, Any]] = {}
         for ident in self.ranks:
             node = by_node.setdefault(ident["node"], {"node": ident["node"], "hosts": [], "ranks": [], "gpus": [],
@@ -216,9 +228,14 @@ class Report:
                 node["verdict"] = "FAIL"
                 entry = next((f for f in node["failed_checks"] if f["check"] == check.name), None)
                 if entry is None:
-                    node["failed_checks"].append(entry := {"check": check.name, "ranks": [],
-                                                           "category": check.category, "severity": check.severity})
+                    node["failed_checks"].append(entry := {"check": check.name, "ranks": []})
                 entry["ranks"].append(rank)
+        for finding in self.findings:
+            node = by_node.get(finding.node) or (next(iter(by_node.values())) if len(by_node) == 1 else None)
+            if node is not None:
+                node["verdict"] = "FAIL"
+                if not any(f["check"] == finding.source for f in node["failed_checks"]):
+                    node["failed_checks"].append({"check": finding.source or finding.check, "ranks": []})
         return list(by_node.values())
 
     def to_json(self) -> dict[str, Any]:
@@ -248,6 +265,7 @@ class Report:
                         "not_judged": self.unjudged(), "left_out_by_selection": self.left_out()},
             "planned": self.planned,
             "tables": self.tables,
+            "findings": [f.to_json() for f in self.findings],
             "context": self.context,
             "override": list(self.override) if self.override else None,
         }
@@ -257,7 +275,8 @@ class Report:
         report = cls(settings=data.get("settings", {}), world=data.get("world", {}), ranks=data.get("ranks", []),
                      image=data.get("image", {}), context=data.get("context", {}),
                      checks=[Check.from_json(c) for c in data.get("checks", [])], tables=data.get("tables", {}),
-                     wall_time_s=data.get("wall_time_s"), complete=data.get("complete", False))
+                     wall_time_s=data.get("wall_time_s"), complete=data.get("complete", False),
+                     findings=[Finding.from_json(f) for f in data.get("findings", [])])
         report.planned = data.get("planned", [])
         started = data.get("started")
         if started:

@@ -15,13 +15,16 @@ import os
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
 import pytest
 
 from stackproof.errors import Exit, RankTimeout
+from stackproof.judge import exceptions
+from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
-from stackproof.report.record import CATEGORIES, SEVERITIES, Figure, Report
+from stackproof.report.record import Figure, Report
 from stackproof.run import consensus, phases, smoke_tests_dir
 from stackproof.run import dist as sp_dist
 from stackproof.run.config import ValidateConfig
@@ -42,6 +45,12 @@ PENDING_KEY = pytest.StashKey[list]()
 VERDICT_KEY = pytest.StashKey[int]()
 # Run by stackproof's worker, which leaves the process at once afterwards (no teardown to wait for).
 WORKER_KEY = pytest.StashKey[bool]()
+# The running check, on this rank: the findings it handed over, its class for a bare assertion, and the first
+# exception that was no assertion (type name, message, file:line).
+FOUND_KEY = pytest.StashKey[list]()
+CLASS_KEY = pytest.StashKey[tuple | None]()
+ERROR_KEY = pytest.StashKey[tuple | None]()
+IDENTITY_KEY = pytest.StashKey[identity.RankIdentity]()
 
 
 class Handover:
@@ -77,10 +86,15 @@ class Recorder:
         self._report.check(self._nodeid).hint = text
 
     def classify(self, category: str, severity: str) -> None:
-        """What a failure of this check means for the machine (DCGM's vocabulary): see report.CATEGORIES."""
+        """What this check's assertion failing on this rank means for the machine (DCGM's vocabulary, see
+        judge/findings.py), when the check hands over no finding of its own."""
         assert category in CATEGORIES and severity in SEVERITIES, (category, severity)
-        check = self._report.check(self._nodeid)
-        check.category, check.severity = category, severity
+        self._config.stash[CLASS_KEY] = (category, severity)
+
+    def found(self, *findings: Finding) -> None:
+        """This rank's findings about the machine (its GPU, its node). A check that hands over any fails on this
+        rank, and they, not the check's class, decide what is done to the node."""
+        self._config.stash[FOUND_KEY].extend(findings)
 
     def bad_input(self, message: str) -> None:
         """Input that turns out not to apply once the machine is known (a --baseline with no entry for it): the
@@ -112,6 +126,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout)
     config.stash[REPORT_KEY] = report = Report(settings=_settings_json(settings))
     mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None)
+    config.stash[IDENTITY_KEY] = mine
     everyone = env.gather({**mine.__dict__, "phases": phases.so_far()}, "start-up (who is where)")
     if env.is_main:
         report.context["phases"] = {"launcher_started": launcher_started(),
@@ -175,7 +190,8 @@ def report(request: pytest.FixtureRequest) -> Recorder:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     config = item.config
     watchdog = config.stash[WATCHDOG_KEY]
-    config.stash[PHASES_KEY], config.stash[FIGURES_KEY] = [], {}
+    config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[FOUND_KEY] = [], {}, []
+    config.stash[CLASS_KEY] = config.stash[ERROR_KEY] = None
     watchdog.arm(item.nodeid)
     try:
         result = yield
@@ -191,6 +207,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
     rep: pytest.TestReport = yield
     item.config.stash[PHASES_KEY].append((rep.outcome, _message(rep, call), rep.duration))
+    error = call.excinfo
+    if rep.failed and error is not None and not isinstance(error.value, AssertionError | pytest.fail.Exception):
+        entry = error.traceback[-1] if error.traceback else None
+        where = f"{Path(str(entry.path)).name}:{entry.lineno + 1}" if entry else ""
+        if item.config.stash[ERROR_KEY] is None:
+            item.config.stash[ERROR_KEY] = (type(error.value).__name__, str(error.value), where)
     return rep
 
 
@@ -218,7 +240,12 @@ def _record(item: pytest.Item) -> None:
     config = item.config
     phases = config.stash[PHASES_KEY]
     worst = max(phases, key=lambda p: consensus.OUTCOME_ORDER.index(p[0]), default=("passed", "", 0.0))
-    mine = {"nodeid": item.nodeid, "outcome": worst[0], "message": worst[1], "figures": config.stash[FIGURES_KEY]}
+    outcome, message = worst[0], worst[1]
+    findings = _findings(config, item.nodeid, outcome, message)
+    if findings and outcome != "failed":  # a check that found something wrong fails, whatever it asserted
+        outcome, message = "failed", " | ".join(map(str, findings))
+    mine = {"nodeid": item.nodeid, "outcome": outcome, "message": message, "figures": config.stash[FIGURES_KEY],
+            "findings": [f.to_json() for f in findings]}
     config.stash[PENDING_KEY].append(mine)
     if config.stash[DIST_KEY].is_main:
         check = config.stash[REPORT_KEY].check(item.nodeid)
@@ -226,6 +253,33 @@ def _record(item: pytest.Item) -> None:
         check.failed_ranks = [0] if mine["outcome"] == "failed" else []
         check.duration_s = sum(p[2] for p in phases)
         check.figures = {k: Figure(**f) for k, f in mine["figures"].items()}
+        check.findings = findings
+
+
+def _findings(config: pytest.Config, nodeid: str, outcome: str, message: str) -> list[Finding]:
+    """This rank's findings for the check, stamped with where they were found: those it handed over; else, when
+    it failed, its assertion as the check classified it, or the exception as judge/exceptions.py reads it."""
+    found = list(config.stash[FOUND_KEY])
+    name = Report().check(nodeid).name
+    if not found and outcome == "failed":
+        error = config.stash.get(ERROR_KEY, None)
+        if error is not None:
+            found = [exceptions.finding(name, *error)]
+        else:
+            category, severity = config.stash.get(CLASS_KEY, None) or ("unclassified", "triage")
+            gpu = config.stash[IDENTITY_KEY].gpu or {}
+            found = [Finding(gpu.get("index"), str(gpu.get("uuid", "")), name, "the check to pass", message,
+                             category, severity, config.stash[REPORT_KEY].check(nodeid).hint or
+                             "see the check's message and the rank's log")]
+    return [stamp(f, config.stash[IDENTITY_KEY], name) for f in found]
+
+
+def stamp(finding: Finding, me: identity.RankIdentity, source: str) -> Finding:
+    """Where a finding of this rank was made: its node, rank, and its GPU's PCI address when it is about it."""
+    gpu = me.gpu or {}
+    own_gpu = finding.gpu_index is not None and finding.gpu_index == gpu.get("index")
+    return finding.at(node=me.node, rank=me.rank, source=source,
+                      **({"uuid": gpu.get("uuid"), "pci_bus_id": gpu.get("pci_bus_id")} if own_gpu else {}))
 
 
 def _agree(item: pytest.Item) -> None:
@@ -239,11 +293,14 @@ def _agree(item: pytest.Item) -> None:
     def decide(values: list[list[dict[str, Any]]]) -> None:
         """On rank 0: the joint outcome of each check goes into the report; the other ranks need no answer."""
         for index, nodeid in enumerate(entry["nodeid"] for entry in values[0]):
+            out_of_step = (f"this rank did not run {nodeid} in step with rank 0 (the ranks collected different "
+                           "checks)")
             runs = [v[index] if index < len(v) and v[index]["nodeid"] == nodeid else
-                    {"outcome": "failed", "message": f"this rank did not run {nodeid} in step with rank 0 (the "
-                                                     "ranks collected different checks)", "figures": {}}
-                    for v in values]
+                    {"outcome": "failed", "message": out_of_step, "figures": {},
+                     "findings": [tool_error(Report().check(nodeid).name, out_of_step).at(rank=r).to_json()]}
+                    for r, v in enumerate(values)]
             check = report.check(nodeid)
+            check.findings = [Finding.from_json(f) for run in runs for f in run.get("findings", [])]
             check.rank_figures = {r: {k: Figure(**f) for k, f in run["figures"].items()}
                                   for r, run in enumerate(runs) if r and run["figures"] != runs[0]["figures"]}
             joint = consensus.joint_outcome(runs)
