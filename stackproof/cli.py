@@ -158,10 +158,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _verdict(args: argparse.Namespace) -> int:
-    from stackproof.run import settle as verdict
+    from stackproof.run import settle
 
-    return verdict.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
-                            timed_out_s=args.timed_out)
+    return int(settle.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit,
+                                interrupted=args.interrupted, timed_out_s=args.timed_out).exit_code)
 
 
 def _healthcheck(args: argparse.Namespace) -> int:
@@ -315,7 +315,18 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:
+        if stop.code == Exit.USAGE and argv[:1] == ["healthcheck"]:
+            # The scheduler's contract: a typo in a Prolog's flags is bad input, never a drain.
+            from stackproof.act.run import STAYS
+
+            print(f"# stackproof healthcheck: bad input (the flags above); this node stays in service; exit {STAYS}",
+                  flush=True)
+            return STAYS
+        raise
     commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
                 "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench}
     try:

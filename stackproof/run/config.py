@@ -123,6 +123,10 @@ class ValidateConfig(Settings):
                                           "runtime pins with what the image's ENV declares (PYTORCH_VERSION, "
                                           "CUDA_VERSION, ...; stackproof's validation layer sets it)",
                                    env="STACKPROOF_EXPECT_DECLARED")
+    visible_devices: str | None = option(None, "check only these GPUs (indices or UUIDs, comma-separated, as "
+                                               "CUDA_VISIBLE_DEVICES; the launcher hands them to its ranks so); "
+                                               "default: every GPU this process sees", metavar="LIST",
+                                         check=not_blank)
     node_name: str | None = option(None, "this node's name in the report (what a drain or a taint names; default "
                                          "SLURMD_NODENAME, else the host name)", metavar="NAME", check=not_blank,
                                    env=NODE_NAME_ENV)

@@ -1,0 +1,178 @@
+"""One verdict path, from each GPU's own findings to the scheduler (issue 24's cases): the decision from recorded
+findings as the ranks stamp them, and real healthcheck processes whose faults come from outside the suite (a
+replayed NVML answering GPU_IS_LOST, stackproof's own code broken on one rank, a read-only reports folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_judge_health import SYSFS, answer, recorded
+
+from stackproof.act import decide, policy
+from stackproof.judge import exceptions, health
+from stackproof.judge.findings import Finding
+from stackproof.report.record import Check, Report
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+REPLAY = Path(__file__).parent / "nvml_replay"
+BROKEN_ALLREDUCE = REPO / "tests" / "fixtures" / "broken_allreduce"
+
+
+def ranks_of(*nodes: str, per_node: int = 4) -> list[dict]:
+    return [{"rank": r, "node": node, "host": node, "gpu": {"index": g, "uuid": f"GPU-{node}-{g}",
+                                                             "pci_bus_id": f"0000:{0x19 + g:02x}:00.0"}}
+            for r, (node, g) in enumerate((n, g) for n in nodes for g in range(per_node))]
+
+
+def stamped(finding: Finding, rank: int, ranks: list[dict], source: str) -> Finding:
+    gpu = ranks[rank]["gpu"]
+    own = finding.gpu_index == gpu["index"]
+    return finding.at(node=ranks[rank]["node"], rank=rank, source=source,
+                      **({"uuid": gpu["uuid"], "pci_bus_id": gpu["pci_bus_id"]} if own else {}))
+
+
+def record(ranks: list[dict], *failed: tuple[str, list[Finding]]) -> Report:
+    checks = []
+    for name, findings in failed:
+        check = Check(f"smoke_tests/test_02_per_gpu.py::test_{name}", "failed",
+                      failed_ranks=sorted({f.rank for f in findings}))
+        check.findings = list(findings)
+        checks.append(check)
+    return Report(ranks=ranks, checks=checks, override=(1, "a check failed"), complete=True, started=time.time())
+
+
+def test_a_leftover_process_on_rank_3s_gpu_alerts_rank_0s_class_does_not_count():
+    ranks = ranks_of("n1")
+    reading = health.HealthReading(processes=[health.Process(4242, "python", 100 << 30)],
+                                   memory_used_bytes=100 << 30, memory_total_bytes=141 << 30)
+    found = health.judge(3, "GPU-n1-3", True, reading, own_pids=set(), own_count=0)
+    assert found and {f.category for f in found} == {"configuration"}
+    (action,) = decide.decide(record(ranks, ("health_history", [stamped(f, 3, ranks, "per_gpu::health_history")
+                                                                for f in found]))).to_act
+    assert (action.node, action.action) == ("n1", policy.ALERT)
+    assert "GPU 3 GPU-n1-3 PCI 0000:1c:00.0" in action.reason
+
+
+def test_a_wrong_timed_gemm_on_rank_3_drains_though_rank_0_passed():
+    ranks = ranks_of("n1")
+    wrong = Finding(3, "", "bf16 GEMM 8192^3 (Freivalds)", "A@B within the bound", "2 wrong rows", "gpu-hardware",
+                    "isolate", "drain")
+    (action,) = decide.decide(record(ranks, ("gemm_throughput", [stamped(wrong, 3, ranks, "per_gpu::gemm")]))).to_act
+    assert (action.node, action.action) == ("n1", policy.DRAIN)
+
+
+def test_a_second_nodes_missing_nvlinks_drain_that_node_only():
+    ranks = ranks_of("n1", "n2")
+    down = Finding(1, "", "NVLink up", "18 links up", "12 up, 6 down", "interconnect", "reset", "reseat")
+    # every rank of n2 reads its node's GPUs: the same finding four times counts once
+    findings = [stamped(down, r, ranks, "gpus::gpus_have_what_they_should") for r in range(4, 8)]
+    decision = decide.decide(record(ranks, ("gpus_have_what_they_should", findings)))
+    assert {a.node: a.action for a in decision.actions} == {"n1": decide.PASS, "n2": policy.DRAIN}
+    assert "(+" not in decision.drains[0].reason
+
+
+def test_the_strongest_action_wins_not_the_strongest_severity():
+    ranks = ranks_of("n1")
+    ecc_off = Finding(0, "", "ECC", "enabled", "disabled", "configuration", "reset", "enable ECC")
+    gsp = Finding(0, "", "XID 119", "no XID", "XID 119 (GSP RPC timeout)", "gpu-hardware", "reset", "reset")
+    leftover = Finding(0, "", "other processes", "none", "pid 4242", "configuration", "isolate", "kill it")
+    xid92 = Finding(0, "", "XID 92", "no XID", "XID 92 (high single-bit ECC rate)", "gpu-hardware", "triage", "watch")
+    for pair in ((ecc_off, gsp), (leftover, xid92)):
+        (action,) = decide.decide(record(ranks, ("health", [stamped(f, 0, ranks, "h") for f in pair]))).to_act
+        assert action.action == policy.DRAIN and action.findings[0].category == "gpu-hardware"
+
+
+@pytest.mark.parametrize(("type_name", "message", "category"), [
+    ("KeyError", "'gpu'", "tool-error"),
+    ("OutOfMemoryError", "CUDA out of memory. Tried to allocate 80.00 GiB", "configuration"),
+    ("AcceleratorError", "CUDA error: no kernel image is available for execution on the device", "software-pins"),
+    ("AcceleratorError", "CUDA error: uncorrectable ECC error encountered", "gpu-hardware"),
+])
+def test_an_exception_takes_the_class_its_own_words_give_never_the_checks(type_name, message, category):
+    assert exceptions.finding("per_gpu::gemm", type_name, message, "x.py:1").category == category
+    drains = policy.of(exceptions.finding("c", type_name, message)) == policy.DRAIN
+    assert drains == (category == "gpu-hardware")
+
+
+def _healthcheck(tmp_path: Path, *args: str, reports: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM", "STACKPROOF_", "PET_", "CUDA_", "NVIDIA_", "PYTEST_"))
+             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    return subprocess.run([PYTHON, "-m", "stackproof", "healthcheck", "--scheduler", "none", "--node", "n2",
+                           "--reports", str(reports or tmp_path / "reports"), *args],
+                          env={**clean, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_a_gpu_lost_at_pre_flight_takes_the_node_out(tmp_path):
+    lost = recorded()
+    answer(lost, "nvmlDeviceGetHandleByIndex", {"_error": 15}, [0], gpu=None)  # NVML_ERROR_GPU_IS_LOST
+    (tmp_path / "recording.json").write_text(json.dumps(lost))
+    proc = _healthcheck(tmp_path, "--pci-devices", SYSFS, NVML_REPLAY=str(tmp_path / "recording.json"),
+                        PYTHONPATH=f"{REPLAY}:{REPO}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "# stackproof act: n2: drain: stackproof: GPU reachable GPU 0" in out, out[-4000:]
+    assert "Traceback" not in out
+
+
+ALLREDUCE = ["--expect-gpus", "0", "--nproc", "2", "--tier", "full", "-k", "all_reduce and sum-float32",
+             "--max-check-bytes", "64K", "--timeout", "60"]
+
+
+def test_stackproofs_own_error_on_one_rank_never_drains(tmp_path):
+    """known_answers' input builder raises KeyError on rank 1 (patched from outside, by a pytest plugin)."""
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "own_bug.py").write_text(
+        "import os\nfrom stackproof.measure import known_answers\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    def broken(*args, **kwargs):\n        raise KeyError('dtype')\n"
+        "    known_answers.rank_input = broken\n")
+    # rank 0 waits for rank 1's half of the collective: a short --timeout keeps the wait short
+    proc = _healthcheck(tmp_path, *ALLREDUCE[:-1], "5", PYTHONPATH=f"{tmp_path / 'plugin'}:{REPO}",
+                        PYTEST_PLUGINS="own_bug")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "rank(s) [1]: KeyError: 'dtype'" in out, out[-4000:]
+    assert "n2: alert: stackproof: collectives::all_reduce[sum-float32]" in out, out[-4000:]
+    record = json.loads((tmp_path / "reports" / "report.json").read_text())
+    (check,) = record["checks"]
+    assert {f["category"] for f in check["findings"]} == {"tool-error"}
+    assert any("KeyError" in f["found"] and "(at own_bug.py:" in f["found"] for f in check["findings"])
+    assert "this node stays in service; exit 0" in out
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)]).returncode:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_read_only_reports_folder_still_takes_a_faulty_node_out(tmp_path, read_only):
+    proc = _healthcheck(tmp_path, *ALLREDUCE[:3], "1", *ALLREDUCE[4:], reports=read_only,
+                        PYTHONPATH=f"{BROKEN_ALLREDUCE}:{REPO}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "the reports folder could not be written (not writable by this user (0): Read-only file system): " \
+           "this run's report is in" in out, out[-4000:]
+    assert "n2: drain: stackproof: collectives::all_reduce[sum-float32]" in out
+
+
+def test_act_refuses_a_report_of_the_previous_schema_with_the_fix(tmp_path):
+    (tmp_path / "report.json").write_text(json.dumps({"schema": "stackproof.report/1", "exit_code": 1}))
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(tmp_path), "--scheduler", "none"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "field 'schema': expected 'stackproof.report/2', found 'stackproof.report/1'; fix:" in line
