@@ -15,9 +15,10 @@ import pytest
 from test_judge_health import SYSFS, answer, recorded
 
 from stackproof.act import decide, policy
+from stackproof.errors import ConfigError
 from stackproof.judge import exceptions, health
 from stackproof.judge.findings import Finding
-from stackproof.report.record import Check, Report
+from stackproof.report.record import Check, Report, read_report
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
@@ -160,7 +161,7 @@ def read_only(tmp_path):
 
 
 def test_a_read_only_reports_folder_still_takes_a_faulty_node_out(tmp_path, read_only):
-    proc = _healthcheck(tmp_path, *ALLREDUCE[:3], "1", *ALLREDUCE[4:], reports=read_only,
+    proc = _healthcheck(tmp_path, *ONE_RANK, reports=read_only,
                         PYTHONPATH=f"{BROKEN_ALLREDUCE}:{REPO}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
@@ -176,3 +177,87 @@ def test_act_refuses_a_report_of_the_previous_schema_with_the_fix(tmp_path):
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "field 'schema': expected 'stackproof.report/2', found 'stackproof.report/1'; fix:" in line
+
+
+ONE_RANK = [*ALLREDUCE[:3], "1", *ALLREDUCE[4:]]
+
+
+def test_one_name_for_this_node_the_flag_wins_over_the_setting(tmp_path):
+    proc = _healthcheck(tmp_path, *ONE_RANK, PYTHONPATH=f"{BROKEN_ALLREDUCE}:{REPO}", STACKPROOF_NODE_NAME="foo")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "would be taken (--scheduler none) out of service (n2); exit 1" in out, out[-4000:]
+    assert "(foo)" not in out
+
+
+def test_a_dry_run_keeps_the_breaker(tmp_path):
+    proc = _healthcheck(tmp_path, *ONE_RANK, "--max-drained", "0", PYTHONPATH=f"{BROKEN_ALLREDUCE}:{REPO}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "this node stays in service (drain withheld: 0 of 1 nodes already out of service" in out, out[-4000:]
+
+
+def test_an_injected_fault_is_never_acted_on(tmp_path):
+    proc = _healthcheck(tmp_path, *ONE_RANK, "--inject-fault", "allreduce-add-one", "--fault-rank", "0")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "not acted on: the run injected a fault on purpose (--inject-fault allreduce-add-one)" in out
+
+
+@pytest.mark.parametrize("argv", [["--tier", "bogus"], ["--scheduler", "bogus"], ["--expect-gpus", "abc"],
+                                  ["--no-such-flag"]])
+def test_flags_argparse_refuses_are_bad_input_and_the_node_stays(tmp_path, argv):
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "healthcheck", "--scheduler", "none", *argv],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "bad input (the flags above); this node stays in service; exit 0" in proc.stdout
+
+
+def test_the_pci_devices_given_are_the_evidence_for_exit_3(tmp_path):
+    """A CPU host told its bus is an H200 VM's (sysfs fixture): no GPU visible is the machine's loss."""
+    proc = _healthcheck(tmp_path, "--pci-devices", SYSFS)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "n2: drain: stackproof: no GPU visible, 1 NVIDIA GPU(s) on the PCI bus" in out, out[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("# Verdict:") or line.startswith("# report:")]
+    assert lines[0].startswith("# Verdict:") and lines[1].startswith("# report:")  # the verdict, then the path
+
+
+WRONG_SHAPES = ["[]", "null", '{"schema": "stackproof.report/2", "nodes": "vm"}',
+                '{"schema": "stackproof.report/2", "exit_code": 1, "settings": {}, "ranks": [], '
+                '"nodes": [{"ranks": []}], "checks": [], "findings": []}']
+
+
+@pytest.mark.parametrize("text", WRONG_SHAPES)
+def test_the_one_door_refuses_a_report_of_the_wrong_shape_with_the_fix(tmp_path, text):
+    (tmp_path / "report.json").write_text(text)
+    with pytest.raises(ConfigError, match="; fix: "):
+        read_report(tmp_path)
+
+
+@pytest.mark.parametrize("command", [["act", "--scheduler", "none", "--reports"], ["spec", "-o", "spec.json"],
+                                     ["report", "-o", "page.html"]])
+def test_act_spec_and_report_go_through_the_door(tmp_path, command):
+    (tmp_path / "report.json").write_text(WRONG_SHAPES[2])
+    proc = subprocess.run([PYTHON, "-m", "stackproof", *command, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "field 'exit_code'" in proc.stderr and "; fix: " in proc.stderr
+
+
+def test_act_on_a_node_the_report_does_not_have_lists_its_nodes(tmp_path):
+    ranks = ranks_of("n1", per_node=1)
+    Report(ranks=ranks, override=(0, "ok"), complete=True).write(tmp_path)
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(tmp_path), "--scheduler", "none",
+                           "--node", "typo"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2
+    assert "--node typo: expected a node of the run" in proc.stderr and "found only n1" in proc.stderr
+
+
+def test_verdict_on_a_report_of_another_schema_is_exit_2(tmp_path):
+    (tmp_path / "report.json").write_text(json.dumps({"schema": "stackproof.report/1", "exit_code": 0}))
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "verdict", "--reports", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "expected 'stackproof.report/2', found 'stackproof.report/1'; fix:" in proc.stderr

@@ -138,22 +138,22 @@ def plan(validate_settings: ValidateConfig, settings: ActConfig, env: dict[str, 
     # One name for this node: --node, else --node-name / STACKPROOF_NODE_NAME, else the scheduler's, else the host's.
     node = settings.node or validate_settings.node_name or node_name(env)
     changes: dict[str, object] = {"node_name": node}
-    if bus and validate_settings.expect_gpus is None and not any(env.get(k) for k in GPU_REQUESTS):
-        # Nothing says how many GPUs this node should show: its PCI bus does (else a node whose driver lost
-        # every GPU would pass on CPU).
-        said.append(f"--expect-gpus {len(bus)}, the NVIDIA GPUs on the PCI bus")
-        changes["expect_gpus"] = len(bus)
+    # How many GPUs to expect is run/visibility.py's (the flag, the scheduler, the launch, else the PCI bus); only
+    # --skip-busy-gpus takes the busy ones off what the bus says.
+    expect = validate_settings.expect_gpus
+    if expect is None and bus and not any(env.get(k) for k in GPU_REQUESTS):
+        expect = len(bus)
     if isinstance(use, str):
         said.append(f"--skip-busy-gpus: {use}; no GPU skipped")
     elif use is not None:
-        idle = hardware.idle_plan(use, changes.get("expect_gpus", validate_settings.expect_gpus))  # type: ignore[arg-type]
+        idle = hardware.idle_plan(use, expect)
         if idle.words:
             said.append(idle.words)
         if idle.nothing_idle:
             return Plan(node, validate_settings, tuple(said), nothing_to_check=True)
         if idle.cuda_visible_devices is not None:
             changes["visible_devices"] = idle.cuda_visible_devices
-        changes["expect_gpus"] = idle.expect_gpus
+            changes["expect_gpus"] = idle.expect_gpus
     return Plan(node, dataclasses.replace(validate_settings, **changes), tuple(said))
 
 

@@ -324,7 +324,10 @@ class Report:
         is one that cannot be read."""
         path = reports_dir / REPORT_FILE
         try:
-            return cls.from_json(json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+            if isinstance(data, dict) and data.get("schema") not in (SCHEMA, None):
+                read_report(path)  # another schema: exit 2 with the fix, the same words as every other reader
+            return cls.from_json(data)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
