@@ -157,7 +157,7 @@ def test_an_unreadable_report_is_kept_and_its_error_said(tmp_path):
     """Item 14: Report.load returned None on any error, and settle wrote a blank report over the evidence."""
     reports = tmp_path / "reports"
     (reports / "logs").mkdir(parents=True)
-    (reports / "report.json").write_text('{"schema": "stackproof.report/1", "checks": [{"nodeid": ')  # cut short
+    (reports / "report.json").write_text('{"schema": "stackproof.report/2", "checks": [{"nodeid": ')  # cut short
     proc = run("verdict", "--reports", reports, "--launcher-exit", "1")
     assert proc.returncode == Exit.INCOMPLETE, proc.stdout + proc.stderr
     kept = reports / "report.unreadable.json"

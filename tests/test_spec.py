@@ -206,10 +206,10 @@ def test_spec_command_writes_a_spec_and_refuses_to_overwrite_a_report(tmp_path):
     disguised = tmp_path / "x.json"
     disguised.write_text(FIXTURE.read_text())
     for target, found in ((tmp_path, "found a folder"), (copied, "found a report"),
-                          (disguised, "found a report.json (stackproof.report/1)")):
+                          (disguised, "found a report.json (stackproof.report/2)")):
         refused = stackproof("spec", FIXTURE, "-o", target)
         assert refused.returncode == Exit.USAGE and found in refused.stderr and "fix: -o spec.json" in refused.stderr
-    assert json.loads(disguised.read_text())["schema"] == "stackproof.report/1"
+    assert json.loads(disguised.read_text())["schema"] == "stackproof.report/2"
 
 
 def test_validate_spec_on_cpu_is_not_ok_and_its_report_makes_no_spec(tmp_path):
