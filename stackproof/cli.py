@@ -186,7 +186,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _verdict(args: argparse.Namespace) -> int:
-    from stackproof.images.attest import read_record, record_line
+    from stackproof.report.attestation import read_record, record_line
     from stackproof.run import settle as verdict
 
     attested = read_record(args.reports)

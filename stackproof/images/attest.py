@@ -23,11 +23,13 @@ from stackproof.images import cosign
 from stackproof.images.ship import ShipError, digest_of
 from stackproof.judge.node_class import NodeClass, differences, of_gpus, of_run
 from stackproof.measure import nics, topology
+from stackproof.report.attestation import RECORD_FILE, read_record, record_line, write_record
 from stackproof.report.record import Report, read_report
+
+__all__ = ["PREDICATE_TYPE", "RECORD_FILE", "attest", "read_record", "record_line", "verify_image"]
 
 PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
 POLICY = Path(__file__).with_name("test-result.cue")  # the statement's shape, run by cosign verify-attestation
-RECORD_FILE = "attestation.json"  # beside report.json: what attest attached, for the page and `verdict`
 PREDICATE_FILE = "attestation.predicate.json"  # the predicate as signed, kept beside it
 RUN_CHECK = "stackproof::run"  # failedTests' entry for a run that failed without a failed check (a rank died)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -151,22 +153,8 @@ def attest(reports: Path, image_ref: str | None, key: Path, spec: str | None = N
     record = {"reference": image.pinned, "predicate_type": PREDICATE_TYPE, "result": made["result"],
               "node_class": node.text(), "attested": now.isoformat(timespec="seconds"),
               "predicate": PREDICATE_FILE}
-    (folder / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_record(folder, record)
     return record
-
-
-def read_record(reports: Path) -> dict[str, Any] | None:
-    """What attest attached for the run of this reports folder; None when it made no attestation."""
-    try:
-        record = json.loads((reports / RECORD_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("reference") else None
-
-
-def record_line(record: dict[str, Any]) -> str:
-    return (f"attested {record['reference']}: {record['result']} for {record['node_class']} at "
-            f"{record['attested']}")
 
 
 # Verifying an image.
