@@ -244,3 +244,84 @@ def test_the_slurm_gate_refuses_an_unproven_image(attested, images, keys):
     # Opt-in: off (or no image named), the gate lets every job start.
     assert gate(images["failed"]["tag"], STACKPROOF_IMAGE_GATE="0").returncode == 0
     assert gate("").returncode == 0
+
+
+# --- deploy/admission: the policy-controller CUE through cosign, the Kyverno conditions through JMESPath -------
+
+ADMISSION = REPO_ROOT / "deploy" / "admission"
+
+
+def _yaml(name: str) -> dict:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (dev extra)")
+    return yaml.safe_load((ADMISSION / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def h200_attested(images, registry, keys, tmp_path_factory) -> dict[str, str]:
+    """The real H200 run's record (tests/fixtures/attest: one H200, validate --tier fast on the GPU machine),
+    attested on a stand-in image of its own."""
+    folder = tmp_path_factory.mktemp("h200-run")
+    shutil.copy(Path(__file__).parent / "fixtures" / "attest" / "h200x1-fast-report.json", folder / "report.json")
+    tag = f"{registry}/standin:h200"
+    digest = oci_support.push(oci_support.layout(folder / "oci", f"h200 {uuid.uuid4()}"), tag)
+    record = attest.attest(folder, tag, keys["trusted.key"], password="")
+    assert record["node_class"] == "gpu=NVIDIA H200;gpus=1;driver=580.159.04;cuda=13.0"
+    return {"tag": tag, "pinned": f"{registry}/standin@{digest}"}
+
+
+def _for_one_gpu(text: str) -> str:
+    # The policies are written for 8 x H200; the GPU machine's run had one.
+    return text.replace("gpus: 8", "gpus: 1")
+
+
+def test_the_policy_controller_cue_admits_only_a_pass_for_its_class(attested, h200_attested, images, keys, tmp_path):
+    policy = _yaml("policy-controller-proven-images.yaml")
+    assert policy["kind"] == "ClusterImagePolicy" and policy["apiVersion"] == "policy.sigstore.dev/v1beta1"
+    (check,) = policy["spec"]["authorities"][0]["attestations"]
+    assert check["predicateType"] == attest.PREDICATE_TYPE and check["policy"]["type"] == "cue"
+    cue = tmp_path / "h200x1.cue"
+    cue.write_text(_for_one_gpu(check["policy"]["data"]))
+    pub = keys["trusted.pub"]
+    assert cosign.verify(h200_attested["pinned"], attest.PREDICATE_TYPE, pub, cue)
+    for refused in ("proven", "failed"):  # a CPU class's PASSED, and a FAILED
+        with pytest.raises(cosign.NotVerified) as err:
+            cosign.verify(images[refused]["pinned"], attest.PREDICATE_TYPE, pub, cue)
+        assert err.value.why == "policy", err.value.said
+    # As written (8 x H200), the one-GPU result is not enough.
+    (tmp_path / "h200x8.cue").write_text(check["policy"]["data"])
+    with pytest.raises(cosign.NotVerified):
+        cosign.verify(h200_attested["pinned"], attest.PREDICATE_TYPE, pub, tmp_path / "h200x8.cue")
+
+
+def test_the_kyverno_policy_is_keyed_on_the_gpu_node_selector(attested, h200_attested, images, keys):
+    jmespath = pytest.importorskip("jmespath", reason="jmespath is not installed (dev extra)")
+    policy = _yaml("kyverno-proven-images.yaml")
+    (rule,) = policy["spec"]["rules"]
+    (verify,) = rule["verifyImages"]
+    (check,) = verify["attestations"]
+    assert check["type"] == attest.PREDICATE_TYPE
+    entry = check["attestors"][0]["entries"][0]["keys"]
+    assert entry["rekor"]["ignoreTlog"] is True and entry["ctlog"]["ignoreSCT"] is True  # signed offline
+
+    def holds(conditions: list[dict], document: dict, one_gpu: bool = False) -> bool:
+        def value(condition: dict):
+            return 1 if one_gpu and condition["value"] == 8 else condition["value"]
+        return all(str(jmespath.search(c["key"].strip("{} "), document)) == str(value(c)) for c in conditions)
+
+    def pod(selector: dict) -> dict:
+        return {"request": {"object": {"kind": "Pod", "spec": {"nodeSelector": selector}}}}
+
+    preconditions = rule["preconditions"]["all"]
+    assert holds(preconditions, pod({"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.count": "8"}))
+    assert holds(preconditions, pod({"nvidia.com/gpu.product": "NVIDIA-H200"}))
+    assert not holds(preconditions, pod({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}))
+    assert not holds(preconditions, pod({}))
+
+    def predicate(pinned: str) -> dict:
+        return cosign.verify(pinned, attest.PREDICATE_TYPE, keys["trusted.pub"], attest.POLICY)[0]["predicate"]
+
+    conditions = check["conditions"][0]["all"]
+    assert holds(conditions, predicate(h200_attested["pinned"]), one_gpu=True)
+    assert not holds(conditions, predicate(h200_attested["pinned"]))  # 8 GPUs asked for, 1 proven
+    assert not holds(conditions, predicate(images["proven"]["pinned"]), one_gpu=True)  # the CPU class
+    assert not holds(conditions, predicate(images["failed"]["pinned"]), one_gpu=True)  # FAILED
