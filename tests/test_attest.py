@@ -246,6 +246,25 @@ def test_the_slurm_gate_refuses_an_unproven_image(attested, images, keys):
     assert gate("").returncode == 0
 
 
+
+def test_the_prolog_gate_cancels_the_job_and_leaves_the_node_in_service(attested, images, keys, tmp_path):
+    """As slurmd's Prolog: a refused image cancels the job (its comment says why) and exits 0, since a failing
+    Prolog would drain the node. scontrol and scancel are stand-ins that record their arguments."""
+    for tool in ("scontrol", "scancel"):
+        (tmp_path / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{tmp_path}/slurm.log"\n')
+        (tmp_path / tool).chmod(0o755)
+    proc = subprocess.run(["bash", str(GATE)], capture_output=True, text=True, timeout=120, env={
+        **os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SPANK_STACKPROOF_IMAGE": images["failed"]["tag"],
+        "STACKPROOF_IMAGE_GATE": "1", "STACKPROOF_ATTEST_PUB": str(keys["trusted.pub"]),
+        "STACKPROOF_PYTHON": sys.executable, "STACKPROOF_REPO": str(REPO_ROOT), "STACKPROOF_NODE_CLASS": CPU_CLASS,
+        "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SLURM_JOB_ID": "42"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = (tmp_path / "slurm.log").read_text().splitlines()
+    assert calls[0].startswith("scontrol update jobid=42 comment=stackproof image gate: stackproof verify-image: "
+                               "refused"), calls
+    assert "FAILED: " in calls[0] and calls[1] == "scancel 42"
+
+
 # --- deploy/admission: the policy-controller CUE through cosign, the Kyverno conditions through JMESPath -------
 
 ADMISSION = REPO_ROOT / "deploy" / "admission"
@@ -325,3 +344,57 @@ def test_the_kyverno_policy_is_keyed_on_the_gpu_node_selector(attested, h200_att
     assert not holds(conditions, predicate(h200_attested["pinned"]))  # 8 GPUs asked for, 1 proven
     assert not holds(conditions, predicate(images["proven"]["pinned"]), one_gpu=True)  # the CPU class
     assert not holds(conditions, predicate(images["failed"]["pinned"]), one_gpu=True)  # FAILED
+
+
+# --- make test-gpu ATTEST=1 and make verify-image --------------------------------------------------------------
+
+STUB_DOCKER = """#!/bin/sh
+# docker, as make test-gpu uses it: `image inspect` names the image's RepoDigest; `run` records its arguments and
+# leaves a finished run's report in the mounted reports folder (what the validation image does).
+echo "$@" >> "$STUB_LOG"
+case "$1 $2" in
+    "image inspect") echo "$STUB_REPO_DIGEST " ;;
+    "run "*) for arg; do case "$arg" in *:/reports) cp "$STUB_REPORT" "${arg%:/reports}/report.json" ;; esac; done ;;
+esac
+"""
+
+
+def _make(*args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    return subprocess.run(["make", "--no-print-directory", *args, f"PYTHON={sys.executable}"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300, env={**clean, **env})
+
+
+def test_make_test_gpu_attest_and_make_verify_image(attested, runs, images, registry, keys, tmp_path):
+    if not shutil.which("make"):
+        pytest.skip("no make")
+    tag = f"{registry}/standin:make"
+    digest = oci_support.push(oci_support.layout(tmp_path / "oci", f"make {uuid.uuid4()}"), tag)
+    stub = tmp_path / "docker"
+    stub.write_text(STUB_DOCKER)
+    stub.chmod(0o755)
+    reports = tmp_path / "reports"
+    env = {"STUB_LOG": str(tmp_path / "docker.log"), "STUB_REPORT": str(runs["passed"] / "report.json"),
+           "STUB_REPO_DIGEST": f"{registry}/standin@{digest}", "COSIGN_PASSWORD": ""}
+    proc = _make("test-gpu", f"DOCKER={stub}", "GPU_FLAGS=", f"REPORTS={reports}", "ATTEST=1", f"ATTEST_IMAGE={tag}",
+                 f"COSIGN_KEY={keys['trusted.key']}", **env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"-e STACKPROOF_IMAGE_REF={registry}/standin@{digest}" in (tmp_path / "docker.log").read_text()
+    assert f"# attested {registry}/standin@{digest}: PASSED for {CPU_CLASS}" in proc.stdout
+    assert attest.read_record(reports)["reference"] == f"{registry}/standin@{digest}"
+    verified = _make("verify-image", f"VERIFY_IMAGE={tag}", f"COSIGN_PUB={keys['trusted.pub']}",
+                     f"NODE_CLASS={CPU_CLASS}", "MAX_AGE=1h")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    refused = _make("verify-image", f"VERIFY_IMAGE={tag}", f"COSIGN_PUB={keys['trusted.pub']}",
+                    f"NODE_CLASS={H200_CLASS}")
+    assert refused.returncode != 0 and "wrong class: " in refused.stdout, refused.stdout + refused.stderr
+    assert _make("verify-image").returncode == 2
+
+
+def test_attest_takes_the_digest_the_run_recorded(runs, images, keys, tmp_path):
+    """A run given --image-ref (STACKPROOF_IMAGE_REF: what make test-gpu passes) is attested on that digest."""
+    data = json.loads((runs["passed"] / "report.json").read_text())
+    data["settings"]["image_ref"] = images["none"]["pinned"]
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    record = attest.attest(tmp_path, None, keys["trusted.key"], password="")
+    assert record["reference"] == images["none"]["pinned"]
