@@ -1,7 +1,9 @@
 """The command line: `stackproof validate` proves a machine + image; `stackproof healthcheck` / `act` drain or
 taint a node that failed; `stackproof baseline`, `spec` and `report` turn reports into a baseline, a node spec
 and an HTML page; `stackproof bench` prints figures; `stackproof images ...` keeps the matrix, locks and build
-plan consistent. Errors print one line (what was expected, what was found, the fix), no traceback."""
+plan consistent; `stackproof attest` signs a run's result onto its image digest and `stackproof verify-image`
+refuses an image without a passing result for this node's class. Errors print one line (what was expected,
+what was found, the fix), no traceback."""
 
 from __future__ import annotations
 
