@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stackproof.judge import hardware
-from stackproof.measure import topology
+from stackproof.measure import nics, topology
 from stackproof.run.visibility import FROM_THE_BUS, FROM_THE_SCHEDULER, expected_gpus, missing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fast]
@@ -35,6 +35,7 @@ def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     report.figure("names", ",".join(sorted({g.name for g in visible})))
     report.figure("driver", inventory.driver_version)
     report.context("driver", {"version": inventory.driver_version, "cuda": inventory.cuda_driver_version})
+    report.context("nics", nics.survey())  # the node class's network half (stackproof attest)
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
     # GPUs missing that the scheduler allocated or the PCI bus shows are the node's fault (act drains it); fewer

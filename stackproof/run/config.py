@@ -114,6 +114,9 @@ class ValidateConfig(Settings):
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
+    image_ref: str | None = option(None, "the image this run is in, by digest (REPO@sha256:...), recorded in the "
+                                         "report for `stackproof attest` (make test-gpu passes the image's RepoDigest)",
+                                   metavar="REF", check=not_blank, env="STACKPROOF_IMAGE_REF")
     reports: str = option("reports", "where report.json, junit.xml and rank logs go; one run at a time per folder",
                           metavar="DIR", env=REPORTS_ENV, check=not_blank)
     min_shm: int = option(1 << 30, "bytes /dev/shm must hold, for NCCL's shared-memory transport and DataLoader "
