@@ -261,3 +261,27 @@ def test_verdict_on_a_report_of_another_schema_is_exit_2(tmp_path):
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "expected 'stackproof.report/2', found 'stackproof.report/1'; fix:" in proc.stderr
+
+
+def test_healthchecks_plan_is_a_pure_function_of_flags_environment_bus_and_gpu_use():
+    from stackproof.act.config import ActConfig
+    from stackproof.act.hardware import GpuUse
+    from stackproof.act.run import plan
+    from stackproof.run.config import ValidateConfig
+
+    bus = ["0000:19:00.0", "0000:3b:00.0"]
+    named = plan(ValidateConfig(), ActConfig(scheduler="none", node="bar"), {"STACKPROOF_NODE_NAME": "foo"}, bus)
+    assert named.node == "bar" and named.validate.node_name == "bar"
+    assert plan(ValidateConfig(), ActConfig(scheduler="none"), {"SLURMD_NODENAME": "n7"}, bus).node == "n7"
+    use = [GpuUse(0, "GPU-a", (4242,)), GpuUse(1, "GPU-b", ())]
+    busy = plan(ValidateConfig(), ActConfig(scheduler="none", skip_busy_gpus=True), {}, bus, use)
+    assert (busy.validate.visible_devices, busy.validate.expect_gpus) == ("GPU-b", 1)
+    assert any("GPU 0 GPU-a (pid 4242)" in line for line in busy.said)
+    idle = plan(ValidateConfig(), ActConfig(scheduler="none", skip_busy_gpus=True), {}, bus,
+                [GpuUse(0, "GPU-a", ()), GpuUse(1, "GPU-b", ())])
+    assert (idle.validate.visible_devices, idle.validate.expect_gpus) == (None, None)  # the bus says, as ever
+    everything = plan(ValidateConfig(), ActConfig(scheduler="none", skip_busy_gpus=True), {}, bus,
+                      [GpuUse(0, "GPU-a", (1,)), GpuUse(1, "GPU-b", (2,))])
+    assert everything.nothing_to_check
+    unread = plan(ValidateConfig(), ActConfig(scheduler="none", skip_busy_gpus=True), {}, bus, "NVML cannot answer")
+    assert unread.said == ("--skip-busy-gpus: NVML cannot answer; no GPU skipped",)
