@@ -85,3 +85,23 @@ def missing_from_the_bus(addresses: list[str], nvml_sees: int) -> list[Finding]:
                     f"on the bus, not among the {nvml_sees} GPU(s) NVML shows", "gpu-hardware", "isolate",
                     "drain the node; check the kernel log for Xid 79 / NVRM errors on this address and "
                     "nvidia-smi; reboot; if it stays missing, " + RMA) for address in addresses]
+
+
+def unkillable(rank: int, pid: int, state: str, wchan: str, gpu_index: int | None = None, uuid: str = "n/a") -> Finding:
+    """A rank that outlived SIGKILL: the kernel cannot finish it (uninterruptible sleep, typically in the GPU
+    driver after an XID 79 or a hung GPU), and the GPU it holds stays held until a reset or a reboot."""
+    return Finding(gpu_index, uuid, "rank stopped", "the rank gone after SIGKILL",
+                   f"rank {rank} (pid {pid}) still there after SIGKILL, state {state}, waiting in the kernel at "
+                   f"{wchan}", "gpu-hardware", "reset",
+                   f"drain the node; reset the GPU (nvidia-smi -r) or reboot: the process cannot be killed "
+                   f"(cat /proc/{pid}/stack shows where it waits; an NFS or FUSE mount there is the mount's fault); "
+                   f"look for an XID in the kernel log")
+
+
+def nvml_stalled(why: str) -> Finding:
+    """NVML asked for the node's GPUs and not answering: the driver is stuck on a GPU (it answers in well under a
+    second otherwise)."""
+    return Finding(None, "n/a", "NVML answers", "the GPUs listed by NVML within the survey's deadline", why,
+                   "gpu-hardware", "reset", "drain the node and reboot it (a GPU reset needs an NVML that answers); "
+                   "look in the kernel log for the XID (79, 119 GSP timeout) that stuck the driver; if it recurs, "
+                   + RMA)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,11 @@ from stackproof.judge.bars import nvlink_pair_gbps, pcie_expected, pcie_peak_gbp
 PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # PCI class 03: VGA-compatible (00) and 3D (02) controllers
+# The launcher's survey of the GPUs takes well under a second on 8 GPUs; NVML not answering in this long is
+# stuck, not slow.
+SURVEY_DEADLINE_S = 10.0
+
+
 @dataclasses.dataclass
 class Gpu:
     index: int
@@ -58,6 +64,7 @@ class Inventory:
     gpus: list[Gpu]
     # GPUs NVML counts but cannot reach (GPU lost, Unknown Error): {NVML index: "NVML error <text>"}.
     unreachable: dict[int, str] = dataclasses.field(default_factory=dict)
+    stalled: str = ""  # NVML did not answer within the survey's deadline (then no GPU is listed)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -274,13 +281,30 @@ def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
-def survey(pci_root: str = PCI_DEVICES) -> Inventory | None:
+def survey(pci_root: str = PCI_DEVICES, deadline_s: float = SURVEY_DEADLINE_S) -> Inventory | None:
     """The node's GPUs as NVML sees them (no CUDA context, no torch import: the launcher's start-up stays short);
-    None when NVML cannot answer at all."""
-    try:
-        return inventory(pci_root)
-    except NvmlUnavailable:
-        return None
+    None when NVML cannot answer at all. NVML is asked from a thread of its own, for at most `deadline_s`: an
+    NVML call stuck in the driver (a GPU hung after an XID) leaves that thread behind, and the survey answers an
+    Inventory with no GPU whose `stalled` says so, so the run goes on to a verdict."""
+    answers: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            answers["inventory"] = inventory(pci_root)
+        except NvmlUnavailable:
+            answers["inventory"] = None
+        except BaseException as err:  # raised where the caller waits, not lost in the thread
+            answers["error"] = err
+
+    worker = threading.Thread(target=ask, name="nvml-survey", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        return Inventory("n/a", "n/a", [], stalled=f"NVML did not answer within {deadline_s:g} s (nvmlInit, the GPU "
+                                                   "count or a GPU's reading hangs in the driver)")
+    if "error" in answers:
+        raise answers["error"]  # type: ignore[misc]
+    return answers["inventory"]  # type: ignore[return-value]
 
 
 # nvmlDeviceGetTopologyCommonAncestor's levels, in nvidia-smi topo -m's words.

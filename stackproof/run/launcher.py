@@ -7,7 +7,9 @@ torchrun's agent (agent.py), which needs a rendezvous between nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -15,7 +17,9 @@ import sys
 import time
 
 from stackproof.errors import ConfigError, Exit
+from stackproof.judge import hardware
 from stackproof.measure import pins, topology
+from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
 from stackproof.run import early_cuda, local_ranks, phases
 from stackproof.run import settle as verdict
@@ -76,6 +80,7 @@ def validate(settings: ValidateConfig) -> int:
             outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc,
                                       env, settings.run_timeout)
             _record_phase(settings, "ranks_exited")
+            _record_unkillable(settings, outcome.unkillable, inventory)
             if outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures):
                 _refused(settings, [f["rank"] for f in outcome.failures])
             elif outcome.failures:
@@ -95,6 +100,23 @@ def _record_phase(settings: ValidateConfig, name: str) -> None:
     if report is not None:
         report.context.setdefault("phases", {})[name] = time.time()
         report.write(settings.reports_dir)
+
+
+def _record_unkillable(settings: ValidateConfig, stuck: list[dict], inventory: topology.Inventory | None) -> None:
+    """Ranks the kernel could not kill (local_ranks.Outcome.unkillable): a finding on the GPU each drove (rank r
+    drives the r-th visible GPU), into report.json's run-level findings; the run goes on to its verdict."""
+    if not stuck:
+        return
+    gpus = topology.visible(inventory, topology.cuda_visible_devices()) if inventory else []
+    report = Report.load(settings.reports_dir) or Report()
+    for rank in stuck:
+        gpu = gpus[rank["rank"]] if rank["rank"] < len(gpus) else None
+        finding = hardware.unkillable(rank["rank"], rank["pid"], rank["state"], rank["wchan"],
+                                      gpu.index if gpu else None, gpu.uuid if gpu else "n/a")
+        report.findings.append(dataclasses.replace(finding, node=node_name(), rank=rank["rank"],
+                                                   pci_bus_id=(gpu.pci_bus_id or "") if gpu else "",
+                                                   source="launcher: stopping the ranks"))
+    report.write(settings.reports_dir)
 
 
 def _refused(settings: ValidateConfig, ranks: list[int]) -> None:
@@ -147,12 +169,16 @@ def _torchrun(settings: ValidateConfig, nproc: int, env: dict[str, str]) -> tupl
             signal.signal(sig, handler)
 
 
-def _kill(proc: subprocess.Popen, signum: int) -> None:
+def _kill(proc: subprocess.Popen, signum: int) -> dict | None:
+    """Stop torchrun's agent and its ranks (its process group): SIGKILL after the grace, then a bounded wait.
+    The agent still there after that (the kernel cannot kill it), as local_ranks.stuck_rank words it, else None."""
     try:
         os.killpg(proc.pid, signum)
-        proc.wait(timeout=KILL_GRACE_S)
+        proc.wait(timeout=local_ranks.KILL_GRACE_S)
+        return None
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return None
+    return None if local_ranks.reap(proc, local_ranks.KILL_WAIT_S) else local_ranks.stuck_rank(0, proc.pid)

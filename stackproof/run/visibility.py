@@ -63,6 +63,7 @@ def hardware_verdict(settings: ValidateConfig, inventory: topology.Inventory | N
     _, why = expected_gpus(settings.expect_gpus, os.environ, bus)
     lost = inventory.unreachable if inventory else {}
     findings = [hardware.unreachable(index, error) for index, error in lost.items()]
+    findings += [hardware.nvml_stalled(inventory.stalled)] if inventory and inventory.stalled else []
     if FROM_THE_BUS in why and visible:
         findings += hardware.missing_from_the_bus(missing(bus, inventory), len(inventory.gpus) if inventory else 0)
     if not findings:
