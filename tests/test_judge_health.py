@@ -49,6 +49,9 @@ def with_nvlinks(recording: dict, down: tuple[int, ...] = (), links: int = H200_
     for link in range(links):
         for counter in range(4):
             answer(recording, "nvmlDeviceGetNvLinkErrorCounter", 0, [link, counter], gpu)
+        # Each link is wired to an NVSwitch, up or down: NVML names its far end.
+        answer(recording, "nvmlDeviceGetNvLinkRemotePciInfo", {"busId": f"00000000:{0xa0 + link % 4:02x}:00.0"},
+               [link], gpu)
     field = table["nvmlDeviceGetFieldValues"][json.dumps([[FIELD_NVLINK_SPEED_COMMON]])][0]
     field.update(nvmlReturn=NVML_SUCCESS, valueType=1, value={**field["value"], "uiVal": H200_NVLINK_MBPS})
     return recording

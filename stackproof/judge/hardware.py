@@ -21,6 +21,14 @@ def _same_model(gpu: Gpu, peers: list[Gpu]) -> list[Gpu]:
     return [p for p in peers if p.name == gpu.name and p.uuid != gpu.uuid]
 
 
+def nvlinks_down(gpu: Gpu, same_model: list[Gpu]) -> list[int]:
+    """The GPU's links that should be up and are not: its wired links down, and the slots NVML names no far end
+    for that the node's other GPUs of this model have up (their link N up: this GPU's link N is one it has). A
+    PCIe card without a bridge, on a node of such cards, has none (cf. NVIDIA/NVSentinel#1481, DCGM#49)."""
+    up_on_peers = {link for peer in same_model for link in peer.nvlinks_up}
+    return sorted(set(gpu.nvlinks_down) | (set(gpu.nvlinks_unwired) & up_on_peers))
+
+
 def findings(gpu: Gpu, peers: list[Gpu]) -> list[Finding]:
     """What this GPU lacks of what it should have. `peers`: the node's GPUs NVML sees (this one may be among)."""
     found: list[Finding] = []
@@ -28,13 +36,14 @@ def findings(gpu: Gpu, peers: list[Gpu]) -> list[Finding]:
     def finding(check, expected, what, category, severity, action):
         found.append(Finding(gpu.index, gpu.uuid, check, expected, what, category, severity, action))
 
-    if gpu.nvlinks_down:
-        finding("NVLink down", f"all {gpu.nvlink_supported} NVLinks of the GPU up",
-                f"link(s) {', '.join(map(str, gpu.nvlinks_down))} down ({gpu.nvlink_active} up)", "interconnect",
-                "reset", NVLINK_FIX)
     same_model = _same_model(gpu, peers)
+    down = nvlinks_down(gpu, same_model)
+    if down:
+        finding("NVLink down", f"all {len(gpu.nvlinks_up) + len(down)} NVLinks of the GPU up",
+                f"link(s) {', '.join(map(str, down))} down ({gpu.nvlink_active} up)", "interconnect",
+                "reset", NVLINK_FIX)
     expected_links = nvlinks_expected(gpu, same_model)
-    if gpu.nvlink_supported is not None and gpu.nvlink_supported < expected_links:
+    if gpu.nvlink_supported is not None and gpu.nvlink_supported + len(down) - len(gpu.nvlinks_down) < expected_links:
         finding("NVLinks present", f"{expected_links} NVLinks, as the node's other {gpu.name} GPUs have",
                 f"{gpu.nvlink_supported}", "interconnect", "isolate", NVLINK_FIX)
 

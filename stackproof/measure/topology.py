@@ -48,8 +48,14 @@ class Gpu:
     mig_enabled: bool | None = None  # current MIG mode
     power_limit_w: float | None = None  # the enforced power limit
     # What the GPU itself supports, whatever the slot or its links do now: the expectation, not the state.
-    nvlink_supported: int | None = None  # NVLinks the GPU has (up or not); 0: none (a PCIe card)
-    nvlinks_down: list[int] = dataclasses.field(default_factory=list)  # links the GPU has that are not up
+    # A link slot counts as the GPU's only when wired: up, or down with a far end NVML names (its remote PCI info).
+    # A PCIe card without an NVLink bridge answers DISABLED for every slot it has: none of them is wired.
+    nvlink_supported: int | None = None  # NVLinks the GPU has, wired (up or not); 0: none (a PCIe card)
+    nvlinks_down: list[int] = dataclasses.field(default_factory=list)  # wired links that are not up
+    nvlinks_up: list[int] = dataclasses.field(default_factory=list)
+    # Slots down with no far end NVML names: no link, unless the node's other GPUs of this model have it up
+    # (judge/hardware.py decides).
+    nvlinks_unwired: list[int] = dataclasses.field(default_factory=list)
     pcie_gen_gpu_max: int | None = None  # the GPU's own max PCIe generation (pcie_gen is the system's)
     pcie_width_gpu_max: int | None = None  # the GPU's own max width, its LnkCap (pcie_width is the system's)
     # NVML calls that failed with anything but NotSupported: {what was asked: "NVML error <text>"}. Each one is
@@ -144,6 +150,18 @@ def nvlink_states(nvml, handle, errors: dict[str, str]) -> dict[int, bool]:
     return states
 
 
+def nvlink_far_end(nvml, handle, link: int) -> str | None:
+    """The PCI bus id of what this NVLink is wired to (a GPU, an NVSwitch), or None where NVML names none (no
+    answer, or an all-zero address): an unwired slot. Any NVML error here means "not known to be wired", not a
+    fault of the GPU: the slot's state was read already."""
+    try:
+        remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+    except nvml.NVMLError:
+        return None
+    bus_id = _text(getattr(remote, "busId", None)) or ""
+    return bus_id if bus_id.strip("0:.") else None
+
+
 def nvlinks_up(nvml, handle, errors: dict[str, str]) -> list[int]:
     """The NVLinks that are up, by link number."""
     return [link for link, up in nvlink_states(nvml, handle, errors).items() if up]
@@ -212,8 +230,11 @@ def read_gpu(nvml, index: int, pci_root: str = PCI_DEVICES) -> Gpu:
     found.pci_bus_id = None if pci is None else _text(pci.busId)
     links = nvlink_states(nvml, handle, errors)
     found.nvlink_active = sum(links.values())
-    found.nvlinks_down = [link for link, up in links.items() if not up]
-    found.nvlink_supported = len(links)
+    found.nvlinks_up = [link for link, up in links.items() if up]
+    down = [link for link, up in links.items() if not up]
+    found.nvlinks_down = [link for link in down if nvlink_far_end(nvml, handle, link)]
+    found.nvlinks_unwired = [link for link in down if link not in found.nvlinks_down]
+    found.nvlink_supported = len(links) - len(found.nvlinks_unwired)
     if found.nvlink_active:
         found.nvlink_speed_mbps = _nvlink_speed_mbps(nvml, handle, errors)
     found.pcie_gen = ask("max PCIe generation", nvml.nvmlDeviceGetMaxPcieLinkGeneration) or 0
