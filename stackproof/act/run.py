@@ -166,7 +166,7 @@ def _leave_busy_gpus(validate_settings: ValidateConfig, out: IO[str]) -> Validat
         return None
     if plan.cuda_visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = plan.cuda_visible_devices
-    return dataclasses.replace(validate_settings, expect_gpus=plan.expect_gpus)
+    return dataclasses.replace(validate_settings, expect_gpus=plan.expect_gpus, skipped_gpus=plan.skipped)
 
 
 def _contract(outcome: str, done: decide.Decision | None, out: IO[str], dry_run: bool = False) -> int:

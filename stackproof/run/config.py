@@ -118,6 +118,10 @@ class ValidateConfig(Settings):
     spec: str | None = option(None, "hold each node's GPUs to this node spec (made by `stackproof spec` from "
                                     "known-good runs; docs/spec.md): count, model, memory, NVLinks, PCIe, ECC, "
                                     "persistence, MIG, driver, VBIOS, power limit", metavar="PATH", check=spec_problem)
+    skipped_gpus: str | None = option(None, "the node's GPUs this run leaves alone because a job uses them (their "
+                                            "UUIDs, comma-separated; healthcheck --skip-busy-gpus sets it): a "
+                                            "--spec counts them among the node's GPUs without judging them",
+                                      metavar="UUIDS", check=not_blank)
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
@@ -188,6 +192,10 @@ class ValidateConfig(Settings):
     @property
     def watchdog_s(self) -> float:
         return self.check_timeout if self.check_timeout is not None else self.timeout + WATCHDOG_GRACE_S
+
+    @property
+    def skipped_gpu_count(self) -> int:
+        return len([u for u in (self.skipped_gpus or "").split(",") if u.strip()])
 
     @property
     def health_state_dir(self):
