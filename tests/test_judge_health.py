@@ -291,6 +291,14 @@ def test_the_bus_says_how_many_gpus_are_expected(tmp_path):
     assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "void"}, two)[0] == 0
     assert visibility.expected_gpus(None, {}, None)[0] == 0  # no bus visible: today's rule
     assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "all"}, None)[0] == 1
+    # A list of devices expects every one of them (issue 25): a Prolog's job given 8 GPUs on a node that lost 7.
+    eight = ",".join(map(str, range(8)))
+    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": eight}, two) == (8, f"CUDA_VISIBLE_DEVICES={eight}")
+    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c"}, None)[0] == 3
+    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c",
+                                           "CUDA_VISIBLE_DEVICES": "0,1"}, None)[0] == 2  # CUDA's choice within
+    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "0,-1,2"}, two)[0] == 1  # CUDA stops at -1
+    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "-1"}, two)[0] == 0
 
 
 def test_a_gpu_on_the_bus_but_not_to_nvml_is_named(replay, tmp_path):

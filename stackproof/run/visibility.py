@@ -37,15 +37,27 @@ def expected_gpus(flag: int | None, env: dict[str, str] | os._Environ,
     if requested is not None and requested.strip().lower() in NO_GPU_VALUES:
         return 0, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={requested})"
     chosen = env.get("CUDA_VISIBLE_DEVICES")
+    if chosen:  # within the container's GPUs, CUDA's list is what the ranks get
+        return device_list(chosen), f"CUDA_VISIBLE_DEVICES={chosen}"
     if requested is not None and requested.strip().lower() != "all":
-        return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
-    if chosen:
-        return 1, f"CUDA_VISIBLE_DEVICES={chosen}"
+        return device_list(requested), f"NVIDIA_VISIBLE_DEVICES={requested}"
     if bus:
         return len(bus), f"{len(bus)} NVIDIA GPU(s) {FROM_THE_BUS} ({', '.join(bus)})"
     if requested is not None:
         return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
     return 0, "no GPU requested (NVIDIA_VISIBLE_DEVICES unset) and none on the PCI bus"
+
+
+def device_list(value: str) -> int:
+    """How many GPUs a CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES list names (indices, UUIDs, MIG devices):
+    each one is expected, so a node that lost 7 of the 8 its job was given does not pass with 1. CUDA stops at
+    the first entry that names no device (-1, an empty entry)."""
+    count = 0
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        count += 1
+    return count
 
 
 def missing(bus: list[str], inventory: topology.Inventory | None) -> list[str]:
