@@ -10,8 +10,9 @@ import os
 from typing import IO
 
 from stackproof.errors import Exit
-from stackproof.judge import hardware
-from stackproof.measure import topology
+from stackproof.judge import hardware, reach
+from stackproof.judge.findings import Finding
+from stackproof.measure import cuda_reach, topology
 from stackproof.report.record import Report
 from stackproof.run.config import ValidateConfig
 
@@ -93,14 +94,20 @@ def no_gpu_verdict(settings: ValidateConfig, visible: int, out: IO[str], write_r
     expected, why = expected_gpus(settings.expect_gpus, os.environ, bus)
     if not expected or visible:
         return None
-    message = (f"no GPU visible, but GPUs were expected ({why}): expected >= {expected}, found {visible}; "
-               "fix: give the container its GPUs (docker run --gpus all, or --device nvidia.com/gpu=all with CDI; "
-               "Kubernetes: an nvidia.com/gpu limit; "
-               "Slurm: check gres.conf), check the driver (nvidia-smi; the kernel log for NVRM errors), "
-               "or validate on CPU on purpose with --expect-gpus 0 (or -e NVIDIA_VISIBLE_DEVICES=void)")
+    cause = why_no_gpu(expected, why)
+    message = (f"no GPU visible, but GPUs were expected ({why}): expected >= {expected}, found {visible}: "
+               f"{cause.check}: {cause.found}; fix: {cause.action} (or validate on CPU on purpose with "
+               "--expect-gpus 0, or -e NVIDIA_VISIBLE_DEVICES=void)")
     _conclude(settings, Exit.NO_GPU, message, out, write_report, expected_gpus=expected, visible_gpus=visible,
-              reason=why)
+              reason=why, findings=[dataclasses.asdict(cause)])
     return Exit.NO_GPU
+
+
+def why_no_gpu(expected: int, why: str) -> Finding:
+    """Why CUDA shows no GPU here (judge/reach.py): gpu-hardware (drain) only where NVML counts the GPUs, the
+    runtime gave them and CUDA still cannot reach them; a CPU-only torch, a missing runtime or a driver/library
+    mismatch is configuration (alert), with its fix. The finding of an exit 3, for the record."""
+    return reach.no_gpu(cuda_reach.read(), expected, why)
 
 
 def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], write_report: bool = True,
