@@ -45,7 +45,8 @@ def _read_own(device: torch.device, settings, own_pids: set[int]) -> tuple[topol
                 raise RuntimeError(f"{HOST} {device}: NVML cannot reach the GPU with torch's UUID {uuid} ({err}); "
                                    f"fix: {hardware.unreachable(-1, str(err)).action}") from err
             gpu = topology.read_gpu(nvml, index, settings.pci_devices)
-            return gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log, memory=_memory(settings))
+            return gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log, memory=_memory(settings),
+                                       job=settings.job)
     except topology.NvmlUnavailable as err:
         raise RuntimeError(f"{HOST} {device}: torch sees the GPU but NVML does not: {err}; fix: run the container "
                            "with NVIDIA_DRIVER_CAPABILITIES including utility (stackproof images set compute,utility)"

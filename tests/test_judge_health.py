@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from stackproof.act import policy
 from stackproof.judge import bars, hardware
 from stackproof.judge import health as rules
 from stackproof.measure import health, topology
@@ -224,6 +225,17 @@ def test_a_foreign_process_holding_100_gib_is_named(replay):
     assert set(found) == {"other processes on the GPU", "memory in use before the run"}
     assert found["other processes on the GPU"].found == "pid 4242 (python3) holding 100.0 GiB"
     assert found["memory in use before the run"].found == "100.6 GiB in use beyond this run's processes"
+    # The DaemonSet or a HealthCheckProgram: no job was given the GPU yet, an alert.
+    assert {policy.of(f) for f in found.values()} == {policy.ALERT}
+    # A Prolog: job 777 was given this GPU; the leftover keeps the job off the node (a drain, naming the pid).
+    replay(held)
+    with topology.nvml_session() as nvml:
+        gpu = topology.read_gpu(nvml, 0, SYSFS)
+        prolog = health.examine(nvml, nvml.nvmlDeviceGetHandleByIndex(0), gpu, {RECORDING["pid"]}, QUIET_LOG,
+                                job="777").findings
+    held_by = {f.check: f for f in prolog}["other processes on the GPU"]
+    assert (held_by.category, held_by.severity, policy.of(held_by)) == ("gpu-hardware", "reset", policy.DRAIN)
+    assert "job 777" in held_by.action and "kill 4242" in held_by.action and "nvidia-smi -r -i 0" in held_by.action
 
 
 def test_this_runs_own_rank_is_not_another_process(replay):

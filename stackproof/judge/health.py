@@ -201,9 +201,10 @@ def foreign_processes(reading: HealthReading, own_pids: set[int], own_count: int
 
 
 def judge(gpu_index: int, uuid: str, ecc_enabled: bool | None, reading: HealthReading, own_pids: set[int],
-          own_count: int = 1) -> list[Finding]:
+          own_count: int = 1, job: str | None = None) -> list[Finding]:
     """Every finding about this GPU's health at rest. `own_pids`: this run's processes on the node; `own_count`:
-    how many of them use this GPU (its rank)."""
+    how many of them use this GPU (its rank); `job`: the job this GPU was given to (a Prolog's), which another
+    process holding it keeps off the node."""
     found: list[Finding] = []
 
     def finding(check, expected, what, category, severity, action):
@@ -242,19 +243,25 @@ def judge(gpu_index: int, uuid: str, ecc_enabled: bool | None, reading: HealthRe
         finding("temperature", f"below the slowdown threshold {reading.slowdown_c} C", f"{reading.temperature_c} C",
                 "gpu-hardware", "triage", COOLING)
 
+    # Someone else's process on the GPU: an alert, except where a job was given this GPU (a Prolog): then the
+    # job must not start on a GPU it cannot fill, and the node is kept from it until the GPU is freed.
+    held = ("gpu-hardware", "reset") if job else ("configuration", "triage")
+    for_job = f" before job {job} starts on it" if job else " before the node takes work"
     others = foreign_processes(reading, own_pids, own_count)
     if others:
-        finding("other processes on the GPU", "none but this run's ranks",
-                "; ".join(f"pid {p.pid} ({p.name}) holding {_gib(p.used_bytes)}" for p in others), "configuration",
-                "triage", "stop them before the node takes work (a crashed job's leftover: kill the pid, or reset "
-                "the GPU); nvidia-smi on the host names them")
+        pids = " ".join(str(p.pid) for p in others)
+        finding("other processes on the GPU", "none but this run's ranks" + (f" (the GPU is job {job}'s)" if job
+                                                                              else ""),
+                "; ".join(f"pid {p.pid} ({p.name}) holding {_gib(p.used_bytes)}" for p in others), *held,
+                f"free the GPU{for_job}: kill {pids} (a crashed job's leftover), or reset the GPU (nvidia-smi -r -i "
+                f"{gpu_index}); nvidia-smi on the host names them" + ("; then resume the node" if job else ""))
     in_use, total = memory_in_use(reading, others), reading.memory_total_bytes
     if in_use is not None and total and in_use > MEMORY_IN_USE_FRACTION * total:
         finding("memory in use before the run", f"at most {MEMORY_IN_USE_FRACTION:.0%} of "
                 f"{_gib(reading.memory_total_bytes)} used by others (the driver's own reservation)",
-                f"{_gib(in_use)} in use beyond this run's processes", "configuration", "triage",
-                "free the GPU (nvidia-smi shows who holds it; a process in another container shows there only by "
-                "its memory) or reset it")
+                f"{_gib(in_use)} in use beyond this run's processes", *held,
+                f"free the GPU{for_job} (nvidia-smi shows who holds it; a process in another container shows there "
+                f"only by its memory) or reset it (nvidia-smi -r -i {gpu_index})")
     found += xid_findings(gpu_index, uuid, reading.xids)
     if reading.kernel_log_error:
         # Not looked at is not a pass: the promise of this check says so, and nothing drains for it.

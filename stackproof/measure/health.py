@@ -149,11 +149,11 @@ def read(nvml, handle, gpu: topology.Gpu, kernel_log: str = KERNEL_LOG,
 
 
 def examine(nvml, handle, gpu: topology.Gpu, own_pids: set[int], kernel_log: str = KERNEL_LOG,
-            own_count: int = 1, memory: watermark.Memory | None = None) -> Checkup:
-    """The GPU's health reading, judged (since the last look, with `memory`)."""
+            own_count: int = 1, memory: watermark.Memory | None = None, job: str | None = None) -> Checkup:
+    """The GPU's health reading, judged (since the last look, with `memory`; for `job`, a Prolog's)."""
     reading = read(nvml, handle, gpu, kernel_log, memory)
     pcie = f"gen{gpu.pcie_gen_current} x{gpu.pcie_width_current} (max gen{gpu.pcie_gen} x{gpu.pcie_width})"
-    return Checkup(rules.judge(gpu.index, gpu.uuid, gpu.ecc_enabled, reading, own_pids, own_count),
+    return Checkup(rules.judge(gpu.index, gpu.uuid, gpu.ecc_enabled, reading, own_pids, own_count, job),
                    rules.readings(reading, pcie, gpu.serial, gpu.pci_bus_id))
 
 

@@ -118,6 +118,9 @@ class ValidateConfig(Settings):
     spec: str | None = option(None, "hold each node's GPUs to this node spec (made by `stackproof spec` from "
                                     "known-good runs; docs/spec.md): count, model, memory, NVLinks, PCIe, ECC, "
                                     "persistence, MIG, driver, VBIOS, power limit", metavar="PATH", check=spec_problem)
+    job: str | None = option(None, "the job this node's GPUs were given to (a Slurm Prolog's SLURM_JOB_ID): another "
+                                   "process holding one of them keeps the job off the node (a drain naming the pid) "
+                                   "instead of an alert", metavar="ID", check=not_blank, env="SLURM_JOB_ID")
     skipped_gpus: str | None = option(None, "the node's GPUs this run leaves alone because a job uses them (their "
                                             "UUIDs, comma-separated; healthcheck --skip-busy-gpus sets it): a "
                                             "--spec counts them among the node's GPUs without judging them",
