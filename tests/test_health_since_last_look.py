@@ -183,6 +183,12 @@ def test_the_kernel_logs_stamps_become_wall_times():
     assert [x.xid for x in rules.kernel_xids(records, "00000000:00:06.0", since=100.0)] == [31, 48]
 
 
+def test_xids_before_the_driver_was_loaded_again_are_not_judged():
+    loaded = "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build"
+    records = [(100.0, xid(79)), (150.0, loaded), (200.0, xid(48))]
+    assert [x.xid for x in rules.kernel_xids(records, "00000000:00:06.0")] == [48]
+
+
 def test_the_watermark_moves_on_only_forward_and_keeps_the_counters(tmp_path):
     memory = watermark.Memory(tmp_path, "node/with:odd name", boot="b")
     assert memory.previous("GPU-1") == watermark.Previous()

@@ -64,6 +64,8 @@ UNKNOWN_XID = ("not in stackproof's table", "unclassified", "triage",
 
 # "NVRM: Xid (PCI:0000:18:00): 79, pid=..., GPU has fallen off the bus."
 KERNEL_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?(.*)")
+# The driver's line when its kernel module loads (at boot, or reloaded after an upgrade or a reset of all GPUs).
+DRIVER_LOADED = "NVRM: loading NVIDIA"
 # The kernel log's stamps: dmesg's "[  123.456789] " (seconds since boot), /dev/kmsg's "6,812,123456789,-;"
 # (microseconds since boot), journalctl -o short-unix's "1764627123.456789 host kernel: " (wall time).
 DMESG_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
@@ -145,7 +147,8 @@ class HealthReading:
 def kernel_xids(lines: list[str] | list[tuple[float | None, str]], pci_bus_id: str | None,
                 since: float | None = None) -> list[Xid]:
     """The XIDs the kernel log names for the GPU at this PCI address (NVML's "00000000:18:00.0"; the driver
-    prints "0000:18:00"), logged after `since` (the last look's watermark; a record without a time counts)."""
+    prints "0000:18:00"), logged after `since` (the last look's watermark; a record without a time counts) and
+    after the driver last loaded (which reset every GPU)."""
     if not pci_bus_id:
         return []
     domain, bus, rest = pci_bus_id.split(":", 2)
@@ -153,6 +156,9 @@ def kernel_xids(lines: list[str] | list[tuple[float | None, str]], pci_bus_id: s
     found = []
     for record in lines:
         when, line = record if isinstance(record, tuple) else (None, record)
+        if DRIVER_LOADED in line:
+            found = []  # the driver was loaded again: every GPU was reset since the XIDs before this line
+            continue
         if since is not None and when is not None and when <= since:
             continue
         match = KERNEL_XID.search(line)
