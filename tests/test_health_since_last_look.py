@@ -195,6 +195,9 @@ def test_the_watermark_moves_on_only_forward_and_keeps_the_counters(tmp_path):
     assert memory.keep("GPU-1", 100.0, {5: {"replay": 7, "CRC data": None}}) == ""
     assert memory.advance("GPU-1", 150.0) == "" and memory.advance("GPU-1", 120.0) == ""
     assert memory.previous("GPU-1") == watermark.Previous(looked_at=150.0, nvlink={5: {"replay": 7}})
+    assert memory.keep("GPU-1", 160.0, {}, counters={"dcgm xid count": 2, "unread": None}) == ""
+    assert memory.advance("GPU-1", 170.0) == "" and memory.previous("GPU-1").counters == {"dcgm xid count": 2.0}
+    assert watermark.Memory(tmp_path, "node/with:odd name", boot="b2").previous("GPU-1").counters == {}
     (path := watermark.state_file(tmp_path, "node/with:odd name", "GPU-1")).write_text("{not json")
     assert path.parent.parent == tmp_path and memory.previous("GPU-1").problem
 

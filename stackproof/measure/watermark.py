@@ -26,6 +26,8 @@ class Previous:
     looked_at: float | None = None  # wall time (s) the kernel log was judged up to; None: never (this boot)
     # {link: {counter: count}} read then; None: no reading to compare with (the first look judges nothing old).
     nvlink: dict[int, dict[str, int]] | None = None
+    # Other counters judged as growth since the last look ({name: value}; e.g. DCGM's), None: no reading then.
+    counters: dict[str, float] | None = None
     problem: str = ""  # why the state could not be read ("" when it could, or there was none)
 
 
@@ -49,24 +51,28 @@ def load(state_dir: str | Path, node: str, uuid: str, boot: str | None = None) -
         looked_at = saved["looked_at"]
         nvlink = {int(link): {name: int(count) for name, count in counts.items()}
                   for link, counts in saved["nvlink"].items()} if saved.get("nvlink") is not None else None
+        counters = ({str(name): float(value) for name, value in saved["counters"].items()}
+                    if saved.get("counters") is not None else None)
         saved_boot = saved.get("boot_id")
     except FileNotFoundError:
         return Previous()
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return Previous(problem=f"{path}: {type(err).__name__}: {err}")
     if boot is not None and saved_boot is not None and saved_boot != boot:
-        return Previous(looked_at=None, nvlink={})  # rebooted since: everything in this boot's log is new
-    return Previous(looked_at=None if looked_at is None else float(looked_at), nvlink=nvlink)
+        return Previous(looked_at=None, nvlink={}, counters={})  # rebooted: the log and the counters are new
+    return Previous(looked_at=None if looked_at is None else float(looked_at), nvlink=nvlink, counters=counters)
 
 
 def save(state_dir: str | Path, node: str, uuid: str, looked_at: float | None,
-         nvlink: dict[int, dict[str, int | None]] | None, boot: str | None = None) -> str:
+         nvlink: dict[int, dict[str, int | None]] | None, boot: str | None = None,
+         counters: dict[str, float | None] | None = None) -> str:
     """Keep this look as the next one's baseline; '' when kept, else why not."""
     path = state_file(state_dir, node, uuid)
     counts = None if nvlink is None else {str(link): {name: count for name, count in values.items()
                                                       if count is not None} for link, values in nvlink.items()}
     record = {"schema": SCHEMA, "node": node, "uuid": uuid, "boot_id": boot, "looked_at": looked_at,
-              "nvlink": counts}
+              "nvlink": counts, "counters": None if counters is None else {
+                  name: value for name, value in counters.items() if value is not None}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}")
@@ -85,7 +91,7 @@ def advance(state_dir: str | Path, node: str, uuid: str, looked_at: float, boot:
         return previous.problem
     if previous.looked_at is not None and previous.looked_at >= looked_at:
         return ""
-    return save(state_dir, node, uuid, looked_at, previous.nvlink, boot)
+    return save(state_dir, node, uuid, looked_at, previous.nvlink, boot, previous.counters)
 
 
 def _safe(name: str) -> str:
@@ -103,8 +109,9 @@ class Memory:
     def previous(self, uuid: str) -> Previous:
         return load(self.state_dir, self.node, uuid, self.boot)
 
-    def keep(self, uuid: str, looked_at: float | None, nvlink: dict[int, dict[str, int | None]] | None) -> str:
-        return save(self.state_dir, self.node, uuid, looked_at, nvlink, self.boot)
+    def keep(self, uuid: str, looked_at: float | None, nvlink: dict[int, dict[str, int | None]] | None,
+             counters: dict[str, float | None] | None = None) -> str:
+        return save(self.state_dir, self.node, uuid, looked_at, nvlink, self.boot, counters)
 
     def advance(self, uuid: str, looked_at: float) -> str:
         return advance(self.state_dir, self.node, uuid, looked_at, self.boot)
