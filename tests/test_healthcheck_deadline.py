@@ -34,3 +34,13 @@ def test_each_call_gets_at_most_what_is_left():
     assert 0.1 < deadline.call_timeout(30.0) <= 0.2 and deadline.call_timeout(0.05) == 0.05
     time.sleep(0.25)
     assert deadline.left() == 0.0 and deadline.call_timeout(30.0) == 0.0
+
+
+def test_validates_run_timeout_is_cut_to_what_the_deadline_leaves():
+    from stackproof.run.config import ValidateConfig
+
+    act = ActConfig(scheduler="slurm")
+    cut = budget.fit(ValidateConfig(run_timeout=50, timeout=20), act)
+    assert (cut.run_timeout, cut.timeout) == (act.ranks_budget_s, min(20, act.ranks_budget_s))
+    short = ValidateConfig(run_timeout=5, timeout=5)
+    assert budget.fit(short, act) is short

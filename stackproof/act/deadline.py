@@ -56,3 +56,12 @@ class Deadline:
         """One scheduler call's timeout: --act-timeout, or what is left of the deadline if that is less (a call
         cut short fails and says so; a command killed by slurmd says nothing)."""
         return max(0.0, min(per_call_s, self.left()))
+
+
+def fit(validate_settings, act_settings):
+    """validate's settings with --run-timeout cut to what --deadline leaves the ranks (healthcheck, one line)."""
+    budget = ranks_budget_s(act_settings.deadline, act_settings.act_budget)
+    if validate_settings.run_timeout <= budget:
+        return validate_settings
+    timeout = min(validate_settings.timeout, budget)
+    return dataclasses.replace(validate_settings, run_timeout=budget, timeout=timeout)
