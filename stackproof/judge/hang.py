@@ -32,8 +32,10 @@ def hang_finding(what: str, rank: int, answer: dict[str, Any], limit_s: float) -
     if gpu and pinned_on_gpu(answer):
         return Finding(gpu.get("index"), gpu.get("uuid", "n/a"), "GPU hang", f"{what} within {limit_s:.0f} s",
                        f"stalled inside a CUDA call ({answer['in_cuda']}): {seen}", "gpu-hardware", "reset",
-                       RESET + "; the rank's log has its stack")
+                       RESET + "; the rank's log has its stack", node=answer.get("node", ""), rank=rank,
+                       pci_bus_id=gpu.get("pci_bus_id", ""), source="watchdog")
     return Finding(gpu.get("index"), gpu.get("uuid", "n/a"), "check timed out", f"{what} within {limit_s:.0f} s",
                    f"stalled outside any CUDA call the GPU is still busy with: {seen}", "tool-error", "triage",
                    "the rank's log has its stack: a slow file system, a starved CPU or a check waiting on itself; "
-                   "raise --check-timeout if the node is merely slow")
+                   "raise --check-timeout if the node is merely slow", node=answer.get("node", ""), rank=rank,
+                   pci_bus_id=gpu.get("pci_bus_id", ""), source="watchdog")

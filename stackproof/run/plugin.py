@@ -322,6 +322,7 @@ def _stalled(config: pytest.Config, nodeid: str, message: str, ranks: list[int])
     report = config.stash[REPORT_KEY]
     check = report.check(nodeid)
     check.outcome, check.message, check.failed_ranks = "failed", message, ranks
+    check.findings = list(config.stash[WATCHDOG_KEY].findings)  # each stalled rank: a GPU hang or a tool timeout
     report.override = (Exit.INCOMPLETE, message)
     _finish(config, report)
     os._exit(Exit.INCOMPLETE)

@@ -22,7 +22,7 @@ import torch.distributed
 import stackproof
 from stackproof.judge import hang
 from stackproof.judge.findings import Finding
-from stackproof.measure import stall
+from stackproof.measure import identity, stall
 from stackproof.run import dist as _dist
 
 # Where frames mean "waiting for the other ranks" (torch.distributed, stackproof's own sync), and where the
@@ -56,7 +56,7 @@ def main_thread_cuda_call(native: stall.Native) -> str:
 def stall_answer(waiting: bool, where: str, gpu: dict | None) -> dict:
     """What a rank says when the watchdog fires: where its main thread is (Python, and below it), and, for a
     stalled rank on a GPU, what NVML says of the GPU meanwhile (judge/hang.py pins the hang, or not)."""
-    answer = {"waiting": waiting, "where": where}
+    answer = {"waiting": waiting, "where": where, "node": identity.node_name()}
     if waiting:
         return answer
     native = stall.native()
