@@ -115,3 +115,20 @@ def test_an_nvml_that_never_answers_ends_the_survey_at_its_deadline(monkeypatch)
     assert found.gpus == [] and "did not answer within 0.3 s" in found.stalled
     finding = hardware.nvml_stalled(found.stalled)
     assert (finding.category, finding.severity, policy.of(finding)) == ("gpu-hardware", "reset", policy.DRAIN)
+
+
+def test_a_stalled_survey_ends_the_run_with_a_finding_not_a_hang(tmp_path):
+    import io
+    import json
+
+    from stackproof.errors import Exit
+    from stackproof.run import visibility
+    from stackproof.run.config import ValidateConfig
+
+    settings = ValidateConfig(reports=str(tmp_path), pci_devices=str(tmp_path / "no-bus"))
+    stalled = topology.Inventory("n/a", "n/a", [], stalled="NVML did not answer within 10 s")
+    out = io.StringIO()
+    assert visibility.hardware_verdict(settings, stalled, 0, out) == Exit.FAILED
+    (finding,) = json.loads((tmp_path / "report.json").read_text())["context"]["findings"]
+    assert (finding["check"], finding["category"]) == ("NVML answers", "gpu-hardware")
+    assert "NVML did not answer within 10 s" in out.getvalue()
