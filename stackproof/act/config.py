@@ -10,6 +10,9 @@ from stackproof.act.breaker import limit_problem
 from stackproof.settings import Settings, at_least, option, positive
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
+# The whole healthcheck: slurmd kills a HealthCheckProgram at 60 s; 3 s are left for the interpreter's start and
+# exit around the command. A DaemonSet, which no such limit holds, passes its own --deadline.
+DEADLINE_S = 57.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +36,12 @@ class ActConfig(Settings):
                                      "the failure is then reported and alerted on, not acted on",
                               metavar="N|P%", check=limit_problem)
 
-    deadline: float = option(55.0, f"seconds the whole healthcheck may take, validate and act together: validate's "
-                                   f"--run-timeout is cut to what is left once the NVML survey, stopping the ranks "
-                                   f"and --act-budget are kept (the default ends {budget.SLURMD_LIMIT_S - 55:g} s "
-                                   f"before slurmd kills a HealthCheckProgram at {budget.SLURMD_LIMIT_S:g} s)",
-                             metavar="S", check=positive)
-    act_budget: float = option(15.0, "seconds of --deadline kept for acting (the breaker's count, the drain): each "
+    deadline: float = option(
+        DEADLINE_S, f"seconds the whole healthcheck may take, validate and act together: validate's --run-timeout "
+                    f"is cut to what is left once the NVML survey, stopping the ranks and --act-budget are kept (the "
+                    f"default ends {budget.SLURMD_LIMIT_S - DEADLINE_S:g} s before slurmd kills a HealthCheckProgram "
+                    f"at {budget.SLURMD_LIMIT_S:g} s)", metavar="S", check=positive)
+    act_budget: float = option(12.0, "seconds of --deadline kept for acting (the breaker's count, the drain): each "
                                      "call at most --act-timeout and at most what is left of --deadline",
                                metavar="S", check=positive)
 

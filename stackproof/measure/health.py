@@ -38,7 +38,8 @@ def read_kernel_log(source: str = KERNEL_LOG, since: float | None = None) -> rul
         if stat.S_ISCHR(os.stat(source).st_mode):
             return rules.KernelLog(_read_kmsg(source), source)
         with open(source, errors="replace") as log:
-            return rules.KernelLog([rules.timed(line, _booted_at()) for line in log.read().splitlines()], source)
+            booted = _booted_at()
+            return rules.KernelLog([rules.timed(line, booted) for line in log.read().splitlines()], source)
     except OSError as err:
         why = f"{source}: {err.strerror}"
     command = ["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-unix"]
