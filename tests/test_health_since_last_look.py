@@ -171,6 +171,17 @@ def test_a_state_folder_that_cannot_be_written_is_said(look, tmp_path):
     assert (finding.check, finding.category) == ("health state", "configuration")
 
 
+def test_a_state_file_that_cannot_be_read_is_said_once_and_replaced(look, tmp_path):
+    memory = watermark.Memory(tmp_path / "state", "n", boot="b")
+    uuid = RECORDING["devices"][0]["nvmlDeviceGetUUID"]["[]"]
+    path = watermark.state_file(tmp_path / "state", "n", uuid)
+    path.parent.mkdir(parents=True)
+    path.write_text("{half a file")
+    log = journal(tmp_path / "kernel.log")
+    assert checks(look(log, memory)) == ["health state"]
+    assert look(log, memory).findings == []
+
+
 def test_the_kernel_logs_stamps_become_wall_times():
     booted = 1_764_000_000.0
     assert rules.kmsg_record("4,812,5012123456,-;NVRM: Xid (PCI:0000:00:06): 79, GPU lost\n SUBSYSTEM=pci\n",

@@ -140,10 +140,11 @@ def read(nvml, handle, gpu: topology.Gpu, kernel_log: str = KERNEL_LOG,
     log = read_kernel_log(kernel_log, previous.looked_at)
     reading.kernel_log, reading.kernel_log_error = log.source, log.error
     reading.xids = rules.kernel_xids(log.records, gpu.pci_bus_id, since=previous.looked_at)
-    if memory and not previous.problem:
-        # A log not read leaves the watermark where it was: what it holds is still to be judged.
-        reading.state_problem = memory.keep(gpu.uuid, previous.looked_at if log.error else looked_at,
-                                            reading.nvlink_errors)
+    if memory:
+        # A log not read leaves the watermark where it was: what it holds is still to be judged. A state that
+        # could not be read is said once and replaced by this look.
+        kept = memory.keep(gpu.uuid, previous.looked_at if log.error else looked_at, reading.nvlink_errors)
+        reading.state_problem = "; ".join(p for p in (previous.problem, kept) if p)
     for what, error in gpu.nvml_errors.items():
         errors.setdefault(what, error)
     return reading
