@@ -118,6 +118,13 @@ def test_nvlink_errors_are_judged_as_growth_since_the_previous_reading(look, tmp
     assert look(quiet, memory, replays=3, recoveries=1).findings == []
 
 
+def test_a_link_down_for_a_look_keeps_its_baseline():
+    before = {5: {"replay": 7, "recovery": 0}, 6: {"replay": 2}}
+    now = {6: {"replay": 3, "recovery": None}}  # link 5 down now, link 6's recovery counter unanswered
+    assert watermark.merged(before, now) == {5: {"replay": 7, "recovery": 0}, 6: {"replay": 3}}
+    assert watermark.merged(None, now) == {6: {"replay": 3}}
+
+
 def test_application_and_unknown_xids_never_drain():
     for number in (8, 13, 31, 43, 45, 109):  # the catalog's RESTART_APP: the tenant's kernel, not the GPU
         assert rules.xid_findings(0, "GPU-x", [rules.Xid(number, "kernel log")]) == [], number

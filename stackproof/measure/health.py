@@ -143,7 +143,8 @@ def read(nvml, handle, gpu: topology.Gpu, kernel_log: str = KERNEL_LOG,
     if memory:
         # A log not read leaves the watermark where it was: what it holds is still to be judged. A state that
         # could not be read is said once and replaced by this look.
-        kept = memory.keep(gpu.uuid, previous.looked_at if log.error else looked_at, reading.nvlink_errors)
+        kept = memory.keep(gpu.uuid, previous.looked_at if log.error else looked_at,
+                           watermark.merged(previous.nvlink, reading.nvlink_errors))
         reading.state_problem = "; ".join(p for p in (previous.problem, kept) if p)
     for what, error in gpu.nvml_errors.items():
         errors.setdefault(what, error)

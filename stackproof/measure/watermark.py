@@ -83,6 +83,16 @@ def save(state_dir: str | Path, node: str, uuid: str, looked_at: float | None,
     return ""
 
 
+def merged(before: dict[int, dict[str, int]] | None, now: dict[int, dict[str, int | None]]
+           ) -> dict[int, dict[str, int]]:
+    """The counters to keep: this reading's, and the previous one's where this one has none (a link down now,
+    a counter NVML did not answer), so a link that comes back up is not judged on its whole history."""
+    kept = {link: dict(counts) for link, counts in (before or {}).items()}
+    for link, counts in now.items():
+        kept.setdefault(link, {}).update({name: count for name, count in counts.items() if count is not None})
+    return kept
+
+
 def advance(state_dir: str | Path, node: str, uuid: str, looked_at: float, boot: str | None = None) -> str:
     """Move the watermark on to `looked_at` (NVML watched the GPU's XIDs live until then), keeping the counters;
     '' when kept, else why not."""
