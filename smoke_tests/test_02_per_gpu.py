@@ -7,13 +7,14 @@ import dataclasses
 import functools
 import os
 import socket
+import time
 
 import pytest
 import torch
 
 from stackproof.judge import bars, hardware
 from stackproof.judge import health as rules
-from stackproof.measure import gpu_proof, health, topology
+from stackproof.measure import gpu_proof, health, identity, topology, watermark
 from stackproof.run import faults
 
 pytestmark = [pytest.mark.fast, pytest.mark.gpu]
@@ -44,11 +45,17 @@ def _read_own(device: torch.device, settings, own_pids: set[int]) -> tuple[topol
                 raise RuntimeError(f"{HOST} {device}: NVML cannot reach the GPU with torch's UUID {uuid} ({err}); "
                                    f"fix: {hardware.unreachable(-1, str(err)).action}") from err
             gpu = topology.read_gpu(nvml, index, settings.pci_devices)
-            return gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log)
+            return gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log, memory=_memory(settings),
+                                       job=settings.job)
     except topology.NvmlUnavailable as err:
         raise RuntimeError(f"{HOST} {device}: torch sees the GPU but NVML does not: {err}; fix: run the container "
                            "with NVIDIA_DRIVER_CAPABILITIES including utility (stackproof images set compute,utility)"
                            ) from err
+
+
+def _memory(settings) -> watermark.Memory:
+    """This node's state folder: the last look at each GPU (evidence is judged since then)."""
+    return watermark.Memory(settings.health_state_dir, identity.node_name())
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +75,16 @@ def own(dist_env, settings):
 
 
 @pytest.fixture(scope="module")
-def xid_watch(own):
-    """NVML's XID events on this rank's GPU, watched from the first per-GPU check to the last."""
+def xid_watch(own, settings):
+    """NVML's XID events on this rank's GPU, watched from the first per-GPU check to the last. Where NVML watched
+    live throughout, the watermark moves on to the end of the watch: the next look does not judge again, from
+    the kernel log, the XIDs NVML already reported."""
     gpu = own[0]
     with topology.nvml_session() as nvml:
         watch = health.XidWatch(nvml, health.handle_of(nvml, gpu.uuid))
         yield watch
+        if watch.live:
+            _memory(settings).advance(gpu.uuid, time.time())
         watch.close()
 
 

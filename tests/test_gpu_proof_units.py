@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from stackproof.judge import bars, hardware
-from stackproof.measure import gpu_proof, health, topology
+from stackproof.measure import gpu_proof, health, topology, watermark
 
 NO_SYSFS = "/nonexistent/sysfs"  # the GPU's own PCIe width then falls back to NVML's
 QUIET_KERNEL_LOG = str(Path(__file__).parent / "fixtures" / "kmsg" / "h200-healthy.log")
@@ -252,9 +252,17 @@ def test_gemm_median_is_per_model():
 
 # --- Health history: every NVML path -----------------------------------------------------------------------------
 
-def checkup(**changes):
+def checkup(memory=None, **changes):
     nvml = h200_nvml(**changes)
-    return health.examine(nvml, "handle", topology.read_gpu(nvml, 0, NO_SYSFS), set(), QUIET_KERNEL_LOG)
+    return health.examine(nvml, "handle", topology.read_gpu(nvml, 0, NO_SYSFS), set(), QUIET_KERNEL_LOG,
+                          memory=memory)
+
+
+def since_a_healthy_look(tmp_path, **changes):
+    """The checkup after a first look at the healthy H200 (its counters at 0) kept in a state folder."""
+    memory = watermark.Memory(tmp_path / "state", "node-a", boot="boot-1")
+    assert checkup(memory).findings == []
+    return checkup(memory, **changes)
 
 
 def only(findings):
@@ -282,8 +290,8 @@ def test_a_healthy_h200_has_no_findings_even_at_idle_pcie_gen1():
         7, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY) else 0}, "NVLink recovery errors", "interconnect", "triage"),
     ({"nvmlDeviceGetTemperature": lambda sensor: 88}, "temperature", "gpu-hardware", "triage"),
 ])
-def test_each_health_record_becomes_a_finding_naming_the_gpu(changes, check, category, severity):
-    finding = only(checkup(**changes).findings)
+def test_each_health_record_becomes_a_finding_naming_the_gpu(changes, check, category, severity, tmp_path):
+    finding = only(since_a_healthy_look(tmp_path, **changes).findings)
     assert (finding.check, finding.category, finding.severity) == (check, category, severity)
     text = str(finding)
     assert text.startswith("GPU 0 GPU-8c1d7f3a-0000-4000-8000-000000000001: ") and "expected" in text
@@ -296,10 +304,10 @@ def test_chosen_clock_limits_are_not_trouble():
     assert checkup(nvmlDeviceGetCurrentClocksEventReasons=reasons).findings == []
 
 
-def test_nvlink_replays_fail_naming_the_links_and_crc_counts_are_reported():
-    result = checkup(nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 2 if link in (3, 4) and counter == (
-        pynvml.NVML_NVLINK_ERROR_DL_REPLAY) else 0)
-    assert only(result.findings).found == "link 3: 2, link 4: 2"
+def test_nvlink_replays_fail_naming_the_links_and_crc_counts_are_reported(tmp_path):
+    result = since_a_healthy_look(tmp_path, nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 2 if link in (
+        3, 4) and counter == pynvml.NVML_NVLINK_ERROR_DL_REPLAY else 0)
+    assert only(result.findings).found == "link 3: +2, link 4: +2"
     # As seen on a healthy H200: CRC data errors the link corrected itself, no replay or recovery.
     crc = checkup(nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 510 if link == 2 and counter == (
         pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA) else 0)
