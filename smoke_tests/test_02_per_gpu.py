@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from stackproof.judge import bars, data, hardware
+from stackproof.judge import counters as counter_rules
 from stackproof.judge import health as rules
-from stackproof.measure import gpu_proof, health, memtest, patterns, topology
+from stackproof.measure import counters, gpu_proof, health, memtest, patterns, topology
 from stackproof.run import faults
 
 pytestmark = [pytest.mark.fast, pytest.mark.gpu]
@@ -33,7 +34,8 @@ def _local(step):
         return None, err
 
 
-def _read_own(device: torch.device, settings, own_pids: set[int]) -> tuple[topology.Gpu, health.Checkup]:
+def _read_own(device: torch.device, settings, own_pids: set[int]
+              ) -> tuple[topology.Gpu, health.Checkup, counter_rules.CounterReading]:
     uuid = str(torch.cuda.get_device_properties(device).uuid)
     torch.zeros(1, device=device)  # this rank's context on its GPU: NVML lists it among the GPU's processes
     try:
@@ -45,7 +47,8 @@ def _read_own(device: torch.device, settings, own_pids: set[int]) -> tuple[topol
                 raise RuntimeError(f"{HOST} {device}: NVML cannot reach the GPU with torch's UUID {uuid} ({err}); "
                                    f"fix: {hardware.unreachable(-1, str(err)).action}") from err
             gpu = topology.read_gpu(nvml, index, settings.pci_devices)
-            return gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log)
+            return (gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log),
+                    counters.read(nvml, handle, gpu, settings.pci_devices))
     except topology.NvmlUnavailable as err:
         raise RuntimeError(f"{HOST} {device}: torch sees the GPU but NVML does not: {err}; fix: run the container "
                            "with NVIDIA_DRIVER_CAPABILITIES including utility (stackproof images set compute,utility)"
@@ -108,18 +111,26 @@ def _every_gpu(report, dist_env, gpu: topology.Gpu, what: str, value: float, bar
     report.figure(f"{what}_bar", "none" if bar.value is None else round(bar.value / scale, 3), unit)
 
 
+def _counter_findings(gpu: topology.Gpu, now: counter_rules.CounterReading,
+                      before: counter_rules.CounterReading | None = None) -> list:
+    return counter_rules.judge(gpu.index, gpu.uuid, now, before) + [
+        rules.nvml_error_finding(gpu.index, gpu.uuid, what, error) for what, error in now.errors.items()]
+
+
 def test_health_history(own, xid_watch, dist_env, report):
-    gpu, checkup = own
-    for name, value in checkup.readings.items():
+    gpu, checkup, first = own
+    found = checkup.findings + _counter_findings(gpu, first)
+    shown = {**checkup.readings, **counter_rules.readings(first)}
+    for name, value in shown.items():
         report.figure(name, value)
-    rows = dist_env.gather({"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, **checkup.readings,
-                            "findings": [dataclasses.asdict(finding) for finding in checkup.findings]},
+    rows = dist_env.gather({"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, **shown,
+                            "findings": [dataclasses.asdict(finding) for finding in found]},
                            "the health readings")
     if rows is not None:
         report.table("per_gpu_health", rows)
-    report.classify(*(health.worst(checkup.findings) or ("gpu-hardware", "triage")))
+    report.found(*found)
     report.hint("act on each finding's fix; nvidia-smi -q on the host shows the same NVML records")
-    assert not checkup.findings, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, checkup.findings))
+    assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))
 
 
 def test_sdc_digest(own, dist_env, settings, report):
@@ -314,3 +325,19 @@ def test_no_xid_during_the_run(own, xid_watch, report):
     report.classify(*(health.worst(findings) or ("gpu-hardware", "reset")))
     report.hint("the kernel log (dmesg) names the same XIDs with their context; act on each finding's fix")
     assert not findings, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, findings))
+
+
+def test_counters_during_the_run(own, settings, report):
+    """The counters' climb from the first per-GPU check to the last (the copies, the memory test and the GEMMs
+    ran in between): PCIe replays against the link's per-lane limit, corrected ECC errors against DCGM's rate."""
+    gpu, _, first = own
+    with topology.nvml_session() as nvml:
+        now = counters.read(nvml, health.handle_of(nvml, gpu.uuid), gpu, settings.pci_devices)
+    report.figure("seconds", round(now.seconds - first.seconds, 1), "s")
+    for name in ("pcie_replays", "sbe_volatile"):
+        before, after = getattr(first, name), getattr(now, name)
+        report.figure(f"{name}_climb", "not supported" if None in (before, after) else after - before)
+    found = _counter_findings(gpu, now, first)
+    report.found(*found)
+    report.hint("act on each finding's fix; the counters climb while the GPU works, so rerun to see the rate")
+    assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))
