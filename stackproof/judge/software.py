@@ -23,7 +23,7 @@ def compile_proof(counters: dict[str, dict[str, int]], kernels: int, backend: st
     graphs = counters.get("stats", {}).get("unique_graphs", 0)
     inductor = counters.get("inductor", {})
     built = sum(inductor.get(key, 0) for key in ("fxgraph_cache_miss", "fxgraph_cache_hit", "fxgraph_cache_bypass"))
-    if graphs and built and kernels:
+    if graphs and built and (kernels or inductor.get("fxgraph_cache_hit")):  # a cache hit may skip codegen
         return None
     why = ("dynamo traced no graph (torch.compile returned the eager function: TORCH_COMPILE_DISABLE=1, "
            "torch._dynamo.config.suppress_errors, or a torch.compile replaced)" if not graphs else

@@ -130,7 +130,9 @@ def _own(rank: int, salt: int) -> int:
 
 
 def _ramp(count: int, salt: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(count, dtype=torch.int32, device=device).add_(salt).mul_(RAMP_STRIDE).bitwise_and_(RAMP - 1)
+    # modulo RAMP before the multiply: nothing overflows int32 at any count
+    ramp = torch.arange(count, dtype=torch.int32, device=device).bitwise_and_(RAMP - 1).add_(salt % RAMP)
+    return ramp.mul_(RAMP_STRIDE).bitwise_and_(RAMP - 1)
 
 
 def fill_known_sum(buffer: torch.Tensor, rank: int, salt: int) -> None:
