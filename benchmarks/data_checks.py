@@ -32,7 +32,8 @@ def main() -> None:
     for label in ("cold", "warm"):
         seconds, tested = wall(lambda: memtest.run(device, 1))
         print(f"memtest ({label}): {seconds:.3f} s for {tested.tested_bytes / 2**30:.1f} GiB of "
-              f"{tested.free_bytes / 2**30:.1f} GiB free, {len(tested.wrong)} wrong")
+              f"{tested.free_bytes / 2**30:.1f} GiB free ({tested.allocate_seconds:.3f} s taking and giving back the "
+              f"memory), {len(tested.wrong)} wrong")
     pattern_costs(torch.empty(1 << 30, dtype=torch.uint8, device=device))
     for _ in range(2):
         copy, (rate, wrong) = wall(lambda: gpu_proof.device_copy_bytes_per_s(device, seed=5))

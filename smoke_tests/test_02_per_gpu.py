@@ -172,6 +172,7 @@ def test_memory_holds_patterns(own, dist_env, report):
     report.figure("free", round(tested.free_bytes / GiB, 1), "GiB")
     report.figure("patterns", ",".join(memtest.PATTERNS))
     report.figure("seconds", round(tested.seconds, 3), "s")
+    report.figure("allocate_seconds", round(tested.allocate_seconds, 3), "s")
     report.hint("run DCGM's full memory test on the GPU named (dcgmi diag -r 3) and check its remapped rows")
     wrong = [data.wrong_bytes("memory test", f"{tested.tested_bytes} B written and read back ({bad.where()})",
                               bad.wrong, gpu.index, gpu.uuid) for bad in tested.wrong]

@@ -121,7 +121,7 @@ def test_uncorrectable_remaps_past_the_spare_rows_are_triage(replay):
                                              ({"state": 3, "status": 999}, True), ({"state": 0, "status": 0}, False)])
 def test_the_nvlink_fabric_must_have_completed_on_nvswitch_systems(replay, fabric, red):
     hgx = recorded()
-    answer(hgx, "nvmlDeviceGetGpuFabricInfo", {"clusterUuid": "x", "cliqueId": 0, **fabric})
+    answer(hgx, "nvmlDeviceGetGpuFabricInfo", {"clusterUuid": "x", "cliqueId": 0, **fabric}, ["*"])
     found = judged(replay, hgx)
     assert [(f.check, f.category, f.severity) for f in found] == ([("NVLink fabric", "interconnect", "reset")]
                                                                    if red else [])
@@ -176,8 +176,9 @@ def without_features(code: int) -> dict:
     table["nvmlDeviceGetEccMode"] = {"[]": {"_error": code}}
     table["nvmlDeviceGetTotalEccErrors"] = {key: {"_error": code} for key in table["nvmlDeviceGetTotalEccErrors"]}
     for name in ("nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
-                 "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetMigMode"):
+                 "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetMigMode"):
         table[name] = {"[]": {"_error": code}}
+    table["nvmlDeviceGetGpuFabricInfo"] = {'["*"]': {"_error": code}}
     for name in ("nvmlDeviceGetRetiredPages", "nvmlDeviceGetApplicationsClock",
                  "nvmlDeviceGetDefaultApplicationsClock"):
         table[name] = {key: {"_error": code} for key in table[name]}

@@ -6,6 +6,7 @@ is kept in `errors`, to be judged like every NVML error (judge/health.nvml_error
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -42,6 +43,19 @@ def _field(nvml, handle, errors: dict[str, str], what: str, field_name: str) -> 
         return None
     member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
     return int(getattr(values[0].value, member.get(values[0].valueType, "ullVal")))
+
+
+def _fabric(nvml, handle, errors: dict[str, str]):
+    """NVML fills a caller's structure with the fabric state (nvidia-ml-py passes it through); a replayed NVML
+    answers it instead."""
+    make = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
+    if make is None:
+        return None
+    info = make()
+    answer = supported(nvml, errors, "GPU fabric info", "nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info))
+    if answer is None:
+        return None
+    return answer if hasattr(answer, "state") else info
 
 
 def read_aer(pci_root: str, pci_bus_id: str | None) -> dict[str, int] | None:
@@ -88,7 +102,7 @@ def read(nvml, handle, gpu: topology.Gpu, pci_root: str = topology.PCI_DEVICES) 
         reading.app_clocks_mhz[clock] = ask(f"application clock {clock}", "nvmlDeviceGetApplicationsClock", kind)
         reading.default_app_clocks_mhz[clock] = ask(f"default application clock {clock}",
                                                     "nvmlDeviceGetDefaultApplicationsClock", kind)
-    fabric = ask("GPU fabric info", "nvmlDeviceGetGpuFabricInfo")
+    fabric = _fabric(nvml, handle, errors)
     if fabric is not None:
         reading.fabric_state, reading.fabric_status = int(fabric.state), int(fabric.status)
     reading.recovery_action = _field(nvml, handle, errors, "GPU recovery action",

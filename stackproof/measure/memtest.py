@@ -45,6 +45,7 @@ class MemoryTest:
     free_bytes: int
     seconds: float
     wrong: list[MemoryWrong]
+    allocate_seconds: float = 0.0  # of `seconds`: taking the memory (and giving it back)
 
 
 def _walking(device: torch.device) -> torch.Tensor:
@@ -98,11 +99,8 @@ def run(device: torch.device, seed: int, chunk_bytes: int = CHUNK_BYTES, most_by
     wrong: list[MemoryWrong] = []
     try:
         scratch = torch.empty(words, dtype=torch.int64, device=device)
-        while (len(chunks) + 1) * chunk_bytes <= budget:
-            try:
-                chunks.append(torch.empty(chunk_bytes, dtype=torch.uint8, device=device))
-            except torch.cuda.OutOfMemoryError:
-                break  # what the allocator could give: the rest is someone else's or fragmented
+        chunks = _take(device, budget // chunk_bytes, chunk_bytes)
+        taken = time.perf_counter()
         walk = _walking(device)
         for name in PATTERNS:
             for index, chunk in enumerate(chunks):
@@ -114,10 +112,29 @@ def run(device: torch.device, seed: int, chunk_bytes: int = CHUNK_BYTES, most_by
                     wrong.append(MemoryWrong(name, index, patterns.first_difference(chunk, full), chunk_bytes))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        tested = len(chunks) * chunk_bytes
+        tested, tested_at = len(chunks) * chunk_bytes, time.perf_counter()
     finally:
         chunks.clear()
         scratch = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return MemoryTest(tested, free, time.perf_counter() - started, wrong)
+    done = time.perf_counter()
+    return MemoryTest(tested, free, done - started, wrong, (taken - started) + (done - tested_at))
+
+
+def _take(device: torch.device, count: int, chunk_bytes: int) -> list[torch.Tensor]:
+    """`count` chunks: views of one allocation when the allocator has it in one piece (one cudaMalloc, one
+    cudaFree), else separate chunks, as many as it gives (the rest is someone else's or fragmented)."""
+    if count <= 0:
+        return []
+    try:
+        return list(torch.empty(count * chunk_bytes, dtype=torch.uint8, device=device).view(count, chunk_bytes))
+    except torch.OutOfMemoryError:
+        pass
+    chunks = []
+    for _ in range(count):
+        try:
+            chunks.append(torch.empty(chunk_bytes, dtype=torch.uint8, device=device))
+        except torch.OutOfMemoryError:
+            break
+    return chunks
