@@ -44,3 +44,11 @@ run healthcheck-warm - healthcheck --scheduler none
 run full-mine - validate --tier full -k 'libraries or compile or convolutions or gpus or per_gpu'
 run copies-corrupt h2d-copy-corrupts,d2h-copy-corrupts,d2d-copy-corrupts validate --tier fast
 run compile-eager compile-returns-eager validate -k compile
+for fault in pcie-replays sbe-312k power-60; do  # NVML patched beneath stackproof (tests/nvml_faults)
+  start=$(date +%s%N)
+  NVML_FAULT=$fault PYTHONPATH="$PWD/tests/nvml_faults:$PWD" timeout 120 python3 -m stackproof validate --tier fast \
+    --reports "$OUT/nvml-$fault" > "$OUT/nvml-$fault.log" 2>&1
+  rc=$?
+  echo "nvml-$fault: $(( ($(date +%s%N) - start) / 1000000 )) ms wall" >> "$OUT/summary.txt"
+  summary "nvml-$fault" "$rc"
+done
