@@ -185,7 +185,8 @@ def readings(now: CounterReading, before: CounterReading | None = None) -> dict[
         "power_limit_w": "not supported" if now.power_enforced_mw is None else
         f"{now.power_enforced_mw / 1000:g} (default {_watts(now.power_default_mw)})",
         "app_clocks": clocks or "not supported",
-        "fabric_state": shown(now.fabric_state), "recovery_action": "not supported" if now.recovery_action is None
+        "fabric_state": "not supported" if now.fabric_state in (None, FABRIC_STATE_NOT_SUPPORTED) else now.fabric_state,
+        "recovery_action": "not supported" if now.recovery_action is None
         else RECOVERY_ACTIONS.get(now.recovery_action, now.recovery_action),
         "ecc_mode_pending": shown(now.ecc_mode and now.ecc_mode[1]),
         "mig_mode": shown(now.mig_mode and now.mig_mode[0]),

@@ -101,15 +101,7 @@ def run(device: torch.device, seed: int, chunk_bytes: int = CHUNK_BYTES, most_by
         scratch = torch.empty(words, dtype=torch.int64, device=device)
         chunks = _take(device, budget // chunk_bytes, chunk_bytes)
         taken = time.perf_counter()
-        walk = _walking(device)
-        for name in PATTERNS:
-            for index, chunk in enumerate(chunks):
-                _write(chunk, name, index, words, device, seed, walk, scratch)
-            for index, chunk in enumerate(chunks):
-                expected = _expected(name, index, words, device, seed, walk, scratch)
-                if not torch.equal(_shaped(chunk, name), expected):
-                    full = expected.reshape(-1).contiguous()
-                    wrong.append(MemoryWrong(name, index, patterns.first_difference(chunk, full), chunk_bytes))
+        wrong = _patterns(chunks, words, device, seed, scratch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         tested, tested_at = len(chunks) * chunk_bytes, time.perf_counter()
@@ -120,6 +112,23 @@ def run(device: torch.device, seed: int, chunk_bytes: int = CHUNK_BYTES, most_by
             torch.cuda.empty_cache()
     done = time.perf_counter()
     return MemoryTest(tested, free, done - started, wrong, (taken - started) + (done - tested_at))
+
+
+def _patterns(chunks: list[torch.Tensor], words: int, device: torch.device, seed: int, scratch: torch.Tensor
+              ) -> list[MemoryWrong]:
+    """Every pattern written over every chunk, then read back. (A function of its own: no loop variable outlives
+    it holding a chunk, so the memory goes back to the driver when the caller lets go of the chunks.)"""
+    wrong = []
+    walk = _walking(device)
+    for name in PATTERNS:
+        for index, chunk in enumerate(chunks):
+            _write(chunk, name, index, words, device, seed, walk, scratch)
+        for index, chunk in enumerate(chunks):
+            expected = _expected(name, index, words, device, seed, walk, scratch)
+            if not torch.equal(_shaped(chunk, name), expected):
+                full = expected.reshape(-1).contiguous()
+                wrong.append(MemoryWrong(name, index, patterns.first_difference(chunk, full), len(chunk)))
+    return wrong
 
 
 def _take(device: torch.device, count: int, chunk_bytes: int) -> list[torch.Tensor]:
