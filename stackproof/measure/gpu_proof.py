@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from stackproof.measure import patterns
 from stackproof.run import consensus
 
 # --- Silent data corruption --------------------------------------------------------------------------------------
@@ -85,22 +86,58 @@ def seconds_per_iteration(device: torch.device, step: Callable[[], object], warm
     return start.elapsed_time(end) / 1e3 / iters, seen
 
 
-def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50) -> float:
-    """Device-to-device copy bandwidth counting read + write (2 x nbytes per copy), as the HBM peak counts."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
+def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50,
+                            seed: int = 0) -> tuple[float, patterns.WrongBytes | None]:
+    """Device-to-device copy bandwidth counting read + write (2 x nbytes per copy), as the HBM peak counts, and
+    what the last copy delivered: the source holds the pattern of `seed`, the destination starts as its
+    complement (a copy that never happened shows), and is compared once after the timing."""
+    src = patterns.made(nbytes, seed, device)
+    dst = torch.bitwise_not(src)
     seconds, _ = seconds_per_iteration(device, lambda: dst.copy_(src), warmup, iters)
-    return 2 * nbytes / seconds
+    return 2 * nbytes / seconds, patterns.first_wrong(dst, seed)
+
+
+class HostCopies:
+    """Host <-> device bandwidth one way at a time, from page-locked host memory (what DataLoader pin_memory
+    uses), with what arrived checked: host-to-device carries the pattern of `seed` (written on the CPU, checked
+    on the GPU), device-to-host carries another (written on the GPU, checked on the CPU). `prepare` and
+    `check_host` do the CPU's part (about 0.1 s per 512 MiB) outside the timed turns of the node's GPUs."""
+
+    def __init__(self, device: torch.device, seed: int, nbytes: int = 512 << 20):
+        self.device, self.nbytes = device, nbytes
+        self.seeds = (seed, patterns.seed_of("device-to-host", seed))
+        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def prepare(self) -> None:
+        patterns.fill(self.host, self.seeds[0])
+
+    def to_device(self, warmup: int = 2, iters: int = 10, during: Callable[[], object] | None = None
+                  ) -> tuple[float, object, patterns.WrongBytes | None]:
+        self.on_device.fill_(0xA5)  # not the pattern: a copy that never happened shows
+        seconds, seen = seconds_per_iteration(
+            self.device, lambda: self.on_device.copy_(self.host, non_blocking=True), warmup, iters, during)
+        return self.nbytes / seconds, seen, patterns.first_wrong(self.on_device, self.seeds[0])
+
+    def to_host(self, warmup: int = 2, iters: int = 10) -> float:
+        patterns.fill(self.on_device, self.seeds[1])
+        seconds, _ = seconds_per_iteration(
+            self.device, lambda: self.host.copy_(self.on_device, non_blocking=True), warmup, iters)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self.nbytes / seconds
+
+    def check_host(self) -> patterns.WrongBytes | None:
+        return patterns.first_wrong(self.host, self.seeds[1])
 
 
 def pinned_copy_bytes_per_s(device: torch.device, to_device: bool, nbytes: int = 512 << 20, warmup: int = 2,
                             iters: int = 10, during: Callable[[], object] | None = None) -> tuple[float, object]:
-    """Host <-> device bandwidth one way, from page-locked host memory (what DataLoader pin_memory uses)."""
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst, src = (on_device, host) if to_device else (host, on_device)
-    seconds, seen = seconds_per_iteration(device, lambda: dst.copy_(src, non_blocking=True), warmup, iters, during)
-    return nbytes / seconds, seen
+    """Host <-> device bandwidth one way, unchecked (benchmarks/per_gpu_spread.py's figure)."""
+    copies = HostCopies(device, 0, nbytes)
+    if to_device:
+        rate, seen, _ = copies.to_device(warmup, iters, during)
+        return rate, seen
+    return copies.to_host(warmup, iters), None
 
 
 def gemm_flops_per_s(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16, warmup: int = 10,
