@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from stackproof.judge import bars, data, hardware
+from stackproof.judge import bars, data, hardware, per_gpu
 from stackproof.judge import counters as counter_rules
 from stackproof.judge import health as rules
 from stackproof.measure import counters, gpu_proof, health, identity, memtest, patterns, topology, watermark
@@ -153,7 +153,7 @@ def test_sdc_digest(own, dist_env, settings, report):
     wrong, digest = computed or ({}, None)
     model = _model(dist_env.device)
     verdict = dist_env.agree({"model": model, "digest": digest, "exact": error is None and not any(wrong.values())},
-                             "the GEMM digests", decide=gpu_proof.odd_ones_out_by_model)
+                             "the GEMM digests", decide=per_gpu.odd_ones_out_by_model)
     if error is not None:
         raise error
     odd = {entry["rank"]: entry for entry in verdict["odd"]}
@@ -296,7 +296,7 @@ def test_gemm_throughput(own, dist_env, settings, report):
     held_back = rules.clock_findings(gpu.index, gpu.uuid, reasons, "under load")
     model = _model(dist_env.device)
     verdict = dist_env.agree({"model": model, "value": flops}, "the GEMM throughputs",
-                             decide=functools.partial(gpu_proof.below_median_by_model, tolerance=settings.gpu_spread))
+                             decide=functools.partial(per_gpu.below_median_by_model, tolerance=settings.gpu_spread))
     _every_gpu(report, dist_env, gpu, "gemm_bf16", flops, bar, 1e12, "TFLOP/s")
     if isinstance(error, gpu_proof.WrongGemm):  # the GPU computes wrong: as silent data corruption
         report.classify("gpu-hardware", "isolate")

@@ -10,7 +10,7 @@ import pynvml
 import pytest
 import torch
 
-from stackproof.judge import bars, hardware
+from stackproof.judge import bars, hardware, per_gpu
 from stackproof.measure import gpu_proof, health, topology, watermark
 
 NO_SYSFS = "/nonexistent/sysfs"  # the GPU's own PCIe width then falls back to NVML's
@@ -215,19 +215,19 @@ def test_exact_gemm_is_exact_on_a_good_device_and_catches_one_ulp():
 # --- Cross-rank decisions ----------------------------------------------------------------------------------------
 
 def test_odd_ones_out_names_the_minority_and_everyone_on_a_tie():
-    assert gpu_proof.odd_ones_out(["a", "a", "b", "a"]) == [2]
-    assert gpu_proof.odd_ones_out(["a", "a"]) == []
-    assert gpu_proof.odd_ones_out(["a"]) == [] and gpu_proof.odd_ones_out([]) == []
-    assert gpu_proof.odd_ones_out(["a", "b"]) == [0, 1]  # two GPUs that disagree: no majority
-    assert gpu_proof.odd_ones_out(["a", "b"], trusted=[True, False]) == [1]  # the exact GEMM breaks the tie
-    assert gpu_proof.odd_ones_out(["a", "b"], trusted=[False, False]) == [0, 1]
+    assert per_gpu.odd_ones_out(["a", "a", "b", "a"]) == [2]
+    assert per_gpu.odd_ones_out(["a", "a"]) == []
+    assert per_gpu.odd_ones_out(["a"]) == [] and per_gpu.odd_ones_out([]) == []
+    assert per_gpu.odd_ones_out(["a", "b"]) == [0, 1]  # two GPUs that disagree: no majority
+    assert per_gpu.odd_ones_out(["a", "b"], trusted=[True, False]) == [1]  # the exact GEMM breaks the tie
+    assert per_gpu.odd_ones_out(["a", "b"], trusted=[False, False]) == [0, 1]
 
 
 def test_below_median_names_the_slow_ones():
-    assert gpu_proof.below_median([790.0, 795.0, 600.0, 799.0], 0.10) == [2]
-    assert gpu_proof.below_median([790.0, 720.0, 799.0], 0.10) == []  # 720 is 8.9% below the median 790
-    assert gpu_proof.below_median([790.0, 395.0], 0.10) == [1]  # two GPUs: the median is their mean
-    assert gpu_proof.below_median([], 0.10) == []
+    assert per_gpu.below_median([790.0, 795.0, 600.0, 799.0], 0.10) == [2]
+    assert per_gpu.below_median([790.0, 720.0, 799.0], 0.10) == []  # 720 is 8.9% below the median 790
+    assert per_gpu.below_median([790.0, 395.0], 0.10) == [1]  # two GPUs: the median is their mean
+    assert per_gpu.below_median([], 0.10) == []
 
 
 def test_digests_compare_only_within_a_model_and_say_what_was_expected():
@@ -235,7 +235,7 @@ def test_digests_compare_only_within_a_model_and_say_what_was_expected():
                {"model": "H200 (132 SMs)", "digest": "d2", "exact": False},
                {"model": "H100 (132 SMs)", "digest": "e1", "exact": True},
                {"model": "H100 (132 SMs)", "digest": "e1", "exact": True}]
-    verdict = gpu_proof.odd_ones_out_by_model(entries)
+    verdict = per_gpu.odd_ones_out_by_model(entries)
     assert verdict["odd"] == [{"rank": 1, "found": "d2", "expected": "d1"}]
     assert verdict["reference"] == {"H200 (132 SMs)": "d1", "H100 (132 SMs)": "e1"}
 
@@ -243,10 +243,10 @@ def test_digests_compare_only_within_a_model_and_say_what_was_expected():
 def test_gemm_median_is_per_model():
     entries = [{"model": model, "value": value} for model, value in (
         ("H200", 790e12), ("H200", 400e12), ("A100", 280e12), ("A100", 281e12), ("A100", 279e12))]
-    verdict = gpu_proof.below_median_by_model(entries, 0.10)
+    verdict = per_gpu.below_median_by_model(entries, 0.10)
     assert [s["rank"] for s in verdict["slow"]] == [1]
     assert verdict["median"]["A100"] == 280e12 and verdict["slow"][0]["median"] == 595e12
-    failed = gpu_proof.below_median_by_model([{"model": "H200", "value": None}, *entries[:2]], 0.10)
+    failed = per_gpu.below_median_by_model([{"model": "H200", "value": None}, *entries[:2]], 0.10)
     assert [s["rank"] for s in failed["slow"]] == [2]  # a rank whose measurement failed neither votes nor counts
 
 

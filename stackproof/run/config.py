@@ -199,6 +199,12 @@ class ValidateConfig(Settings):
             problems.append(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
         self.refuse(problems, "stackproof validate --help")
 
+    def straggler_tolerance_on(self, gpu: bool) -> float | None:
+        """--straggler-tolerance, or the GPUs' default; None on CPU ranks unless given (they share the cores)."""
+        if self.straggler_tolerance is not None:
+            return self.straggler_tolerance
+        return STRAGGLER_TOLERANCE_GPU if gpu else None
+
     @property
     def watchdog_s(self) -> float:
         return self.check_timeout if self.check_timeout is not None else self.timeout + WATCHDOG_GRACE_S

@@ -21,12 +21,12 @@ from typing import IO, Any
 import pytest
 
 from stackproof.errors import Exit, RankTimeout
-from stackproof.judge import exceptions
+from stackproof.judge import consensus, exceptions
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
 from stackproof.report.record import Figure, Report
-from stackproof.run import consensus, phases, smoke_tests_dir
 from stackproof.run import dist as sp_dist
+from stackproof.run import phases, smoke_tests_dir
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import launcher_started
 from stackproof.run.watchdog import CheckWatchdog
@@ -100,6 +100,10 @@ class Recorder:
         """Input that turns out not to apply once the machine is known (a --baseline with no entry for it): the
         run ends as bad input, exit 2, never as a pass nor as a failure of the machine. Call it on every rank."""
         self._report.override = (Exit.USAGE, message)
+
+    def so_far(self) -> Report:
+        """The run's record as this rank holds it so far (rank 0: every rank's checks and figures until now)."""
+        return self._report
 
     def context(self, key: str, value: object) -> None:
         self._report.context[key] = value
