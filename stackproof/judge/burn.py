@@ -165,7 +165,7 @@ def throughput(gpu: int | None, uuid: str, samples: Sequence[dict], bar: bars.Ba
         if last < floor:
             onset = sag_onset(samples, floor) or min(samples[last_window], key=lambda s: s.get("tflops") or 0.0)
             found.append(_finding(gpu, uuid, "burn-in throughput sag",
-                                  f"the last part within {sag:.0%} of the GPU's own first sustained seconds "
+                                  f"the last part within {sag:.0%} of its own first sustained seconds "
                                   f"{figures['first_seconds']} ({first:.4g} TFLOP/s): >= {floor:.4g} TFLOP/s",
                                   f"{last:.4g} TFLOP/s over seconds {figures['last_seconds']} "
                                   f"({last / first - 1:+.0%}), below from {moment(onset, total)}",
