@@ -69,8 +69,12 @@ def _soak(state, dist_env, settings, report):
             report.say(f"# burn {sample['t']}/{total} s, {who}: {rules.moment(sample, total)}")
 
     def soak_here():
-        with topology.nvml_session() if dist_env.is_gpu else contextlib.nullcontext() as nvml:
-            prepared, error = _local(lambda: _facts(dist_env, settings, nvml))
+        with contextlib.ExitStack() as session:
+            def prepare():  # NVML opened in here: a rank that cannot open it still meets the others below
+                nvml = session.enter_context(topology.nvml_session()) if dist_env.is_gpu else None
+                return _facts(dist_env, settings, nvml)
+
+            prepared, error = _local(prepare)
             failed = dist_env.agree(error is not None, "every GPU ready to soak",
                                     decide=lambda failures: [r for r, f in enumerate(failures) if f])
             if error is not None:
