@@ -301,6 +301,7 @@ def soak(device: torch.device, plan: SoakPlan, sampler: Sampler,
     def read_back(done: dict) -> None:
         done["end"].wait()
         t = time.monotonic() - start
+        sample_up_to(t)  # a batch that landed after a second ended counts in the next one
         at = min(int(t) + 1, max(1, int(plan.seconds)))  # the second it landed in, 1-based
         known_wrong, first_row, memory_wrong, copy_wrong = (int(v) for v in done["slot"].tolist())
         landed_wrong = copies.landed_wrong(done["batch"], done["landing"])
@@ -338,10 +339,13 @@ def soak(device: torch.device, plan: SoakPlan, sampler: Sampler,
         if on_sample is not None:
             on_sample(sample)
 
+    def sample_up_to(elapsed: float) -> None:
+        while len(result.samples) < min(int(elapsed), int(plan.seconds)):
+            take_sample(len(result.samples) + 1)
+
     while True:
         elapsed = time.monotonic() - start
-        if len(result.samples) < int(elapsed) and len(result.samples) < int(plan.seconds):
-            take_sample(len(result.samples) + 1)
+        sample_up_to(elapsed)
         if elapsed >= plan.seconds:
             break
         pending.append(queue(batch))
@@ -352,5 +356,11 @@ def soak(device: torch.device, plan: SoakPlan, sampler: Sampler,
         read_back(pending.pop(0))
     if len(result.samples) < int(plan.seconds):  # the last second's batches landed after it ended
         take_sample(len(result.samples) + 1)
+    elif result.samples:  # batches queued before the end that landed after it: their readings count in it
+        last = result.samples[-1]
+        last["checked"] += second["checked"]
+        last["wrong"] += second["wrong"]
+        if last["reasons"] is not None:
+            last["reasons"] |= second["reasons"]
     result.seconds = round(time.monotonic() - start, 2)
     return result
