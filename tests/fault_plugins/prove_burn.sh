@@ -17,11 +17,13 @@ run() {  # NAME FAULT|- SECONDS [validate flags...]
       "$fault" "$AFTER_S" > "$OUT/plugin/injected_burn.py"
     path="$OUT/plugin:$PWD/tests/fault_plugins:$PWD" plugins=injected_burn
   fi
-  local start=$(date +%s%N)
+  local start end rc failed
+  start=$(date +%s%N)
   PYTHONPATH="$path" PYTEST_PLUGINS="$plugins" timeout $(( seconds + 150 )) python3 -m stackproof validate \
     --tier burn --burn-seconds "$seconds" --reports "$OUT/$name" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$? end=$(date +%s%N)
-  local failed=$(grep -E '^  [a-z_0-9]+::[a-z_0-9]+ +FAIL' "$OUT/$name.log" | awk '{print $1}' | tr '\n' ' ')
+  rc=$?
+  end=$(date +%s%N)
+  failed=$(grep -E '^  [a-z_0-9]+::[a-z_0-9]+ +FAIL' "$OUT/$name.log" | awk '{print $1}' | tr '\n' ' ')
   echo "$name: exit $rc, $(( (end - start) / 1000000 )) ms; failed: ${failed:-none}; $(grep -m1 -o 'wall time [0-9.]* s' "$OUT/$name.log")"
   return $rc
 }
@@ -30,4 +32,4 @@ run gemm-wrong-after gemm-wrong-after "$FAULT_S" -k burn
 run sag-after sag-after "$FAULT_S" -k burn
 run thermal-after thermal-after "$FAULT_S" -k burn
 for i in $(seq "$HEALTHY_RUNS"); do run "healthy-$i" - "$HEALTHY_S"; done
-python3 benchmarks/burn_series.py --step 5 "$OUT"/quick "$OUT"/*-after "$OUT"/healthy-* > "$OUT/summary.txt" 2>&1
+python3 benchmarks/burn_series.py --step 5 "$OUT"/quick/ "$OUT"/*-after/ "$OUT"/healthy-*/ > "$OUT/summary.txt" 2>&1
