@@ -5,8 +5,8 @@ soak's start), so the fast tier's checks before it see a healthy machine.
 
   gemm-wrong-after   every 2-D torch.matmul into `out=` comes out wrong in one element: a GPU that computes
                      right while cool and wrong once hot
-  sag-after          every 2-D torch.matmul into `out=` queues extra products behind it on the same stream (the
-                     rate falls to about a third on a GPU, far lower on CPU ranks)
+  sag-after          every 2-D torch.matmul into `out=` queues two extra products behind it on the same stream
+                     (the rate falls to about a third); on a CPU rank it is held back CPU_PAUSE_S instead
   thermal-after      NVML's clock-event reasons gain HW thermal slowdown (0x40)
 """
 
@@ -18,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
+CPU_PAUSE_S = 0.1  # sag-after on a CPU rank: each product held back this long (its rate falls 100-fold and more)
 STARTED: list[float] = []  # the soak's start on this rank, once its first check is set up
 FAULTS: dict = {}
 
@@ -70,10 +71,14 @@ def _sag_after(rank, after_s):
     scratch = {}
 
     def spoil(real, a, b, out):
-        if _active(rank, after_s):
-            extra = scratch.setdefault((out.shape, out.dtype, out.device), torch.empty_like(out))
-            for _ in range(2 if out.is_cuda else 30):  # a CPU rank's rate varies more: a deeper sag
-                real(a, b, out=extra)
+        if not _active(rank, after_s):
+            return
+        if not out.is_cuda:  # a CPU rank's rate varies with the host's load more than extra work would show
+            time.sleep(CPU_PAUSE_S)
+            return
+        extra = scratch.setdefault((out.shape, out.dtype, out.device), torch.empty_like(out))
+        for _ in range(2):
+            real(a, b, out=extra)
     _patch_matmul(spoil)
 
 
