@@ -65,8 +65,8 @@ def sustained(samples: Sequence[dict]) -> dict:
     """The first sustained seconds' and the last part's median TFLOP/s, and which seconds they are."""
     _, first, last = windows(len(samples))
     values = rates(samples)
-    return {"first": statistics.median(values[first]) if values[first] else None,
-            "last": statistics.median(values[last]) if values[last] else None,
+    return {"first": round(statistics.median(values[first]), 4) if values[first] else None,
+            "last": round(statistics.median(values[last]), 4) if values[last] else None,
             "first_seconds": seconds_of(first, samples), "last_seconds": seconds_of(last, samples)}
 
 
