@@ -209,7 +209,8 @@ class ValidateConfig(Settings):
         if self.tier == "burn" and self.burn_seconds + BURN_HEADROOM_S > self.run_timeout:
             problems.append(f"--burn-seconds {self.burn_seconds:g} needs --run-timeout of at least "
                             f"{self.burn_seconds + BURN_HEADROOM_S:g} (the soak + {BURN_HEADROOM_S:g} s for the "
-                            f"other checks), found {self.run_timeout:g}")
+                            f"other checks), found {self.run_timeout:g}; fix: raise --run-timeout (under healthcheck: "
+                            "--deadline, which cuts it)")
         if self.sweep_min and self.sweep_max and self.sweep_min > self.sweep_max:
             problems.append(f"--sweep-min {self.sweep_min} must not exceed --sweep-max {self.sweep_max}")
         if self.expect_file and self.image:
