@@ -24,6 +24,9 @@ GPU_FLAGS ?= --gpus all
 RUN_FLAGS ?= --ipc=host $(if $(strip $(GPU_FLAGS)),--ulimit memlock=-1)
 # Extra arguments for the validation container (e.g. ARGS='validate -k nccl').
 ARGS ?=
+# The tier test-gpu validates (fast, full, burn); empty: the image's default (full). With TIER, ARGS are validate's
+# own flags: make test-gpu TIER=burn ARGS='--burn-seconds 600'.
+TIER ?=
 REPORTS ?= $(CURDIR)/reports
 # What a run's verdict is made of (report.json, junit.xml: the suite's; exit-code: test-gpu's): cleared before each
 # run so no earlier verdict stays beside the new one.
@@ -56,7 +59,7 @@ show = $$($(PYTHON) -m stackproof.images.bake --show $(1) $(IMAGE_OPT) $(NAMESPA
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
-	@echo "  variables: IMAGE=<name> BASE=<image> GPU_FLAGS='$(GPU_FLAGS)' ARGS='...' PYTHON=$(PYTHON) PIP_CA=$(PIP_CA)"
+	@echo "  variables: IMAGE=<name> BASE=<image> GPU_FLAGS='$(GPU_FLAGS)' TIER=fast|full|burn ARGS='...' PYTHON=$(PYTHON) PIP_CA=$(PIP_CA)"
 
 dev: $(VENV_READY) ## .venv with stackproof (editable, dev tools) and the default image's torch + torchvision
 
@@ -101,7 +104,7 @@ wheelhouse: check ## download the wheels of IMAGE (or the default) to wheelhouse
 lint: $(NEED_VENV) ## ruff + hadolint (+ shellcheck when installed)
 	$(PYTHON) -m ruff check .
 	$(HADOLINT) docker/*/Dockerfile scripts/ci/*/Dockerfile
-	if command -v shellcheck >/dev/null; then shellcheck .ci/run scripts/*/*.sh scripts/slurm/validate.sbatch docker/*.sh docker/*/*.sh; \
+	if command -v shellcheck >/dev/null; then shellcheck .ci/run scripts/*/*.sh scripts/slurm/*.sbatch tests/fault_plugins/*.sh docker/*.sh docker/*/*.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 test: $(NEED_VENV) ## the test suite (python -m pytest; makes .venv first)
@@ -122,7 +125,7 @@ test-gpu: $(NEED_VENV) ## run the validation image of IMAGE (or the default) on 
 	tag=$(call show,validation-tag); \
 	ref=$$($(DOCKER) image inspect --format '{{range .RepoDigests}}{{.}} {{end}}' "$$tag" 2>/dev/null | cut -d' ' -f1); \
 	rc=0; $(DOCKER) run --rm $(GPU_FLAGS) $(RUN_FLAGS) $${ref:+-e STACKPROOF_IMAGE_REF=$$ref} \
-	    -v "$(REPORTS):/reports" "$$tag" $(ARGS) || rc=$$?; \
+	    -v "$(REPORTS):/reports" "$$tag" $(if $(TIER),validate --tier $(TIER)) $(ARGS) || rc=$$?; \
 	echo "$$rc" > $(REPORTS)/exit-code; echo "test-gpu: $$tag exited with $$rc"; \
 	if [ -n "$(ATTEST)" ] && [ -f $(REPORTS)/report.json ]; then \
 	    $(PYTHON) -m stackproof attest --reports $(REPORTS) --key "$(COSIGN_KEY)" \

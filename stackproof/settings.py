@@ -31,6 +31,10 @@ def at_least(low: float) -> Callable[[Any], str | None]:
     return lambda v: None if v is None or v >= low else f"expected >= {low:g}, found {v}"
 
 
+def between(low: float, high: float) -> Callable[[Any], str | None]:
+    return lambda v: None if v is None or low <= v <= high else f"expected {low:g} to {high:g}, found {v}"
+
+
 def positive(v: Any) -> str | None:
     return None if v is None or v > 0 else f"expected > 0, found {v}"
 

@@ -64,7 +64,7 @@ def test_help_ends_with_the_exit_codes_and_says_the_defaults_in_force():
     assert top.endswith("5 the run was interrupted (Ctrl-C, SIGTERM, docker stop) before every check ran.")
     assert "exit codes: 0 every check ran and passed, 1 a check failed, 2 bad input" in top
     health = " ".join(run("healthcheck", "--help").stdout.split())
-    tier = health[health.index("--tier {full,fast} full:"):][:200]
+    tier = health[health.index("--tier {full,fast,burn} full:"):][:400]
     assert "(default fast)" in tier and "(default full)" not in tier
     validate = " ".join(run("validate", "--help").stdout.split())
-    assert "(default full)" in validate[validate.index("--tier {full,fast} full:"):][:200]
+    assert "(default full)" in validate[validate.index("--tier {full,fast,burn} full:"):][:400]

@@ -33,9 +33,15 @@ _FAST_GPU = ("host::dev_shm_is_large_enough", "gpus::torch_sees_the_expected_gpu
              "per_gpu::health_history", "per_gpu::sdc_digest", "per_gpu::hbm_bandwidth",
              "per_gpu::host_device_copies", "per_gpu::no_xid_during_the_run")
 _FAST_CPU = ("host::dev_shm_is_large_enough",)
+# The burn-in soak's checks. Not promised: the peers rule (one GPU of a model has none), and on CPU ranks the
+# throughput (shared cores: judged only with --burn-sag) and the clocks (no NVML).
+_BURN_CPU = ("burn::gemms_give_known_answers_throughout", "burn::memory_and_copies_hold_their_data")
+_BURN_GPU = (*_BURN_CPU, "burn::throughput_holds_over_time", "burn::clocks_and_temperature_hold")
 PROMISES: dict[tuple[str, str], tuple[str, ...]] = {
     ("fast", "gpu"): _FAST_GPU,
     ("fast", "cpu"): _FAST_CPU,
+    ("burn", "gpu"): (*_FAST_GPU, *_BURN_GPU),
+    ("burn", "cpu"): (*_FAST_CPU, *_BURN_CPU),
     ("full", "gpu"): (*_FAST_GPU, "collectives::", "ddp_resnet::", "compile::"),
     # What gloo does depends on the torch: averaging (older ones refuse AVG, none averages integers) and
     # reduce_scatter's other ops are judged where they run, promised only as sums.

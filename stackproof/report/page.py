@@ -185,6 +185,62 @@ def _per_gpu(runs: list[tuple[str, dict[str, Any]]]) -> str:
     return f'<div class="plots">{"".join(charts)}</div>'
 
 
+# The burn-in soak's quantities, one chart each (report.json's burn_series), and the burn_bars columns drawn
+# as the chart's bars: (column, title, unit, bar column, bar label); a row without a title adds a bar to the
+# chart of its column above.
+BURN_CHARTS = (("tflops", "bf16 GEMM throughput", "TFLOP/s", "bar_tflops", "sustained bar"),
+               ("tflops", "", "TFLOP/s", "sag_floor_tflops", "sag floor"),
+               ("power_w", "power", "W", "power_limit_w", "power limit"),
+               ("temp_c", "temperature", "C", "max_temp_c", "max operating"),
+               ("sm_mhz", "SM clock", "MHz", None, ""),
+               ("mem_mhz", "memory clock", "MHz", None, ""))
+
+
+def _burn(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """Each GPU's burn-in series over the soak: one chart per quantity, one line per GPU, with its bars."""
+    from stackproof.report import plots
+
+    charts = []
+    for label, report in runs:
+        series, bars_rows = report.get("tables", {}).get("burn_series"), report.get("tables", {}).get("burn_bars")
+        if not series:
+            continue
+        gpus: dict[Any, list[dict[str, Any]]] = {}
+        for row in series:
+            gpus.setdefault((row.get("host"), row.get("rank")), []).append(row)
+
+        def name(key, rows):
+            gpu = rows[0].get("gpu")
+            return f"{key[0]} GPU {gpu}" if gpu is not None else f"{key[0]} rank {key[1]}"
+
+        drawn = {}
+        for column, title, unit, bar_column, bar_label in BURN_CHARTS:
+            if title:
+                lines = [(name(key, rows), [r["t"] for r in rows if r.get(column) is not None],
+                          [r[column] for r in rows if r.get(column) is not None]) for key, rows in gpus.items()]
+                lines = [line for line in lines if line[1]]
+                if not lines:
+                    continue
+                drawn[column] = {"title": title, "unit": unit, "lines": lines, "levels": []}
+            if bar_column and column in drawn:
+                values = {(b.get("host"), b.get("rank")): b.get(bar_column) for b in bars_rows or []}
+                known = {v for v in values.values() if isinstance(v, (int, float))}
+                colour = "tab:red" if bar_label != "sag floor" else "tab:orange"
+                if len(known) == 1:
+                    drawn[column]["levels"].append((f"{bar_label} {known.pop():.4g} {unit}", next(
+                        v for v in values.values() if isinstance(v, (int, float))), colour))
+                else:
+                    drawn[column]["levels"] += [(f"{bar_label} {key[0]} rank {key[1]} {v:.4g}", v, colour)
+                                                for key, v in values.items() if isinstance(v, (int, float))]
+        for column, chart in drawn.items():
+            title = f"{label}: {chart['title']}" if len(runs) > 1 else chart["title"]
+            svg = plots.over_time(chart["lines"], chart["levels"], f"burn-in: {title}", chart["unit"])
+            charts.append(f'<div class="plot burn" id="burn-{_e(column)}">{svg}</div>')
+    if not charts:
+        return '<p class="muted">No burn-in soak in these reports (--tier burn draws each GPU over the soak).</p>'
+    return "".join(charts)
+
+
 def _known(value: Any) -> str:
     """A count the report does not know (no rank started) shows as '-', never as None."""
     return _e(value) if value is not None else '<span class="muted">-</span>'
@@ -264,6 +320,8 @@ def render(runs: list[tuple[str, dict[str, Any]]],
 {_sweeps(runs, list(references))}
 <h2>Per-GPU and per-rank figures</h2>
 {per_gpu}
+<h2>Burn-in over time</h2>
+{_burn(runs) if len(runs) <= FLEET_RUNS else '<p class="muted">A fleet: each report.json holds its burn-in series.</p>'}
 <h2>Every check, per run</h2>
 {_per_run(runs)}
 <p class="muted">Made by stackproof {_e(__version__)} on {_e(created)} from report.json (docs/report-format.md).</p>

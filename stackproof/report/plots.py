@@ -73,3 +73,20 @@ def bars(labels: Sequence[str], values: Sequence[float], unit: str, title: str, 
     ax.set_ylabel(f"{unit} ({better} is better)")
     ax.set_title(title, fontsize=9)
     return _svg(fig)
+
+
+def over_time(lines: Sequence[tuple[str, list[float], list[float]]], levels: Sequence[tuple[str, float, str]],
+              title: str, ylabel: str) -> str:
+    """A quantity over the seconds of a soak: one line per GPU (label, seconds, values), and its bars as
+    horizontal lines (label, value, colour name) -- one per GPU when the bars differ."""
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for label, seconds, values in lines:
+        ax.plot(seconds, values, "-", label=label, linewidth=1.2)
+    for label, value, colour in levels:
+        ax.axhline(value, color=colour, linestyle="--", linewidth=1, label=label)
+    ax.set_xlabel("second of the soak")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if lines or levels:
+        ax.legend(loc="lower left", fontsize=7, ncol=2)
+    return _svg(fig)

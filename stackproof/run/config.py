@@ -17,6 +17,7 @@ from stackproof.run import launch_env
 from stackproof.settings import (
     Settings,
     at_least,
+    between,
     flag_of,
     fraction,
     not_blank,
@@ -29,7 +30,14 @@ from stackproof.settings import (
 __all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
 
 FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu", "slow-node", "slow-link")
-TIERS = ("full", "fast")
+TIERS = ("full", "fast", "burn")
+# The pytest markers each tier runs: full runs every check but the soak; burn runs the fast tier, then the soak.
+TIER_MARKERS = {"full": None, "fast": ("fast",), "burn": ("fast", "burn")}
+# The burn-in soak's length: long enough that the judge has a ramp, first sustained seconds and a last part of
+# at least a sample each (judge/burn.py), short enough that a mistyped hour-long soak is refused, not run.
+BURN_DEFAULT_S, BURN_MIN_S, BURN_MAX_S = 60.0, 5.0, 3600.0
+# Time the burn tier needs beyond its soak: the fast tier's checks, warm-up, gathering the series.
+BURN_HEADROOM_S = 120.0
 REPORTS_ENV = "STACKPROOF_REPORTS"
 NODE_NAME_ENV = "STACKPROOF_NODE_NAME"
 STATE_DIR_ENV = "STACKPROOF_STATE_DIR"
@@ -58,7 +66,17 @@ class ValidateConfig(Settings):
                                    env=STATE_DIR_ENV)
     nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=at_least(1))
     tier: str = option("full", "full: every check; fast: host, GPU identity and health, the per-GPU "
-                               "checks and the local GPU pair matrix", choices=TIERS)
+                               "checks and the local GPU pair matrix; burn: the fast tier, then every GPU "
+                               "loaded at once for --burn-seconds, known answers checked throughout and each "
+                               "GPU's sustained figures judged over time", choices=TIERS)
+    burn_seconds: float = option(BURN_DEFAULT_S, f"--tier burn: how long every GPU is loaded at once "
+                                                 f"({BURN_MIN_S:g} to {BURN_MAX_S:g} s)", metavar="S",
+                                 check=between(BURN_MIN_S, BURN_MAX_S))
+    burn_fraction: float = option(0.5, "--tier burn: fraction of the NVML-derived bf16 dense peak the last part "
+                                       "of the soak must sustain (judge/burn.py)", metavar="F", check=fraction)
+    burn_sag: float | None = option(None, "--tier burn: how far a GPU's last part may fall below its own first "
+                                          "sustained seconds, as a fraction (default 0.10 on GPUs, 0.5 on CPU "
+                                          "ranks, which share the host's cores)", metavar="F", check=fraction)
     nnodes: int = option(1, "nodes in the run; every node runs this same command (with --node-rank and "
                             "--master-addr, or --rdzv-endpoint)", metavar="N", check=at_least(1))
     node_rank: int | None = option(None, "this node's rank, 0..nnodes-1, for a static rendezvous at --master-addr",
@@ -188,6 +206,11 @@ class ValidateConfig(Settings):
                                 "verdict afterwards (stackproof's own sets its start time)")
         if self.timeout > self.run_timeout:
             problems.append(f"--timeout {self.timeout:g} must not exceed --run-timeout {self.run_timeout:g}")
+        if self.tier == "burn" and self.burn_seconds + BURN_HEADROOM_S > self.run_timeout:
+            problems.append(f"--burn-seconds {self.burn_seconds:g} needs --run-timeout of at least "
+                            f"{self.burn_seconds + BURN_HEADROOM_S:g} (the soak + {BURN_HEADROOM_S:g} s for the "
+                            f"other checks), found {self.run_timeout:g}; fix: raise --run-timeout (under healthcheck: "
+                            "--deadline, which cuts it)")
         if self.sweep_min and self.sweep_max and self.sweep_min > self.sweep_max:
             problems.append(f"--sweep-min {self.sweep_min} must not exceed --sweep-max {self.sweep_max}")
         if self.expect_file and self.image:
@@ -207,7 +230,13 @@ class ValidateConfig(Settings):
 
     @property
     def watchdog_s(self) -> float:
-        return self.check_timeout if self.check_timeout is not None else self.timeout + WATCHDOG_GRACE_S
+        base = self.check_timeout if self.check_timeout is not None else self.timeout + WATCHDOG_GRACE_S
+        return base + (self.burn_seconds if self.tier == "burn" else 0.0)  # the soak runs inside one check
+
+    def in_tier(self, markers: set[str]) -> bool:
+        """Whether a check with these pytest markers runs in this run's tier."""
+        wanted = TIER_MARKERS[self.tier]
+        return "burn" not in markers if wanted is None else bool(markers & set(wanted))
 
     @property
     def skipped_gpu_count(self) -> int:

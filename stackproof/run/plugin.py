@@ -122,6 +122,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs at least one CUDA GPU (skipped on CPU with the reason)")
     config.addinivalue_line("markers", "multi_rank: needs a world of two or more ranks")
     config.addinivalue_line("markers", "fast: part of --tier fast (identity, health, per-GPU checks)")
+    config.addinivalue_line("markers", "burn: part of --tier burn only (the soak: every GPU loaded at once)")
     settings = config.stash.get(SETTINGS_KEY, None) or ValidateConfig()
     config.stash[SETTINGS_KEY] = settings
     config.stash.setdefault(STDOUT_KEY, sys.stdout)
@@ -148,10 +149,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     env, settings = config.stash[DIST_KEY], config.stash[SETTINGS_KEY]
-    if settings.tier == "fast":
-        slow = [item for item in items if not item.get_closest_marker("fast")]
-        items[:] = [item for item in items if item.get_closest_marker("fast")]
-        config.hook.pytest_deselected(items=slow)
+    outside = [item for item in items if not settings.in_tier({mark.name for mark in item.iter_markers()})]
+    if outside:
+        items[:] = [item for item in items if item not in outside]
+        config.hook.pytest_deselected(items=outside)
     for item in items:
         if item.get_closest_marker("gpu") and not env.is_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; this run is on CPU (gloo)"))
