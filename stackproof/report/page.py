@@ -12,7 +12,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from stackproof import __version__
+from stackproof import __version__, files
 from stackproof.errors import Exit
 from stackproof.judge import baseline
 from stackproof.report import fleet, nccl_tests
@@ -266,6 +266,5 @@ def render(runs: list[tuple[str, dict[str, Any]]],
 def write(paths: list[Path], output: Path, references: list[Path] = ()) -> Path:
     runs = [load(path) for path in paths]
     text = render(runs, [(path.name, nccl_tests.read(path)) for path in references])
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
+    files.write_text(output, text)  # into a folder that exists (files.output_file): none is made
     return output

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stackproof import __version__
+from stackproof import __version__, files
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.judge import verdict as promise
 from stackproof.judge.findings import Finding
@@ -48,10 +48,8 @@ class ReportUnwritable(StackproofError):
 def read_report(path: Path) -> dict[str, Any]:
     """A finished run's report.json (or the reports folder holding one), of this schema; anything else: exit 2."""
     path = path / REPORT_FILE if path.is_dir() else path
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{path}: expected a stackproof report.json, found {type(err).__name__}: {err}") from None
+    data = files.read_json(path, "a stackproof report.json", "name a report.json written by `stackproof "
+                           "validate`, or the reports folder that holds one (its --reports)")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise ConfigError(f"{path}: field 'schema': expected {SCHEMA!r}, found {found!r}; fix: give report.json "
