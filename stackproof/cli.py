@@ -215,6 +215,8 @@ def _spec(args: argparse.Namespace) -> int:
     out = files.output_file(args.output, "spec", "spec.json", args.reports)
     made = spec.make_spec({str(path): read_report(path) for path in args.reports})
     files.write_text(out, json.dumps(made, indent=2) + "\n")
+    for warning in spec.unheld(made):
+        print(f"stackproof: warning: {warning}", file=sys.stderr)
     for entry in made["entries"]:
         print(f"# {spec.key_text(entry['key'])}: from {len(entry['reports'])} report(s): "
               + ", ".join(f"{k}={v}" for k, v in entry["expect"].items()))

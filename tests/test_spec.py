@@ -125,6 +125,12 @@ def test_a_spec_refuses_failed_runs_cpu_runs_and_values_that_differ(good):
     failed = {**good, "verdict": "FAILED", "exit_code": 1, "message": "a check failed"}
     with pytest.raises(ConfigError, match=r"r1: field 'verdict': expected OK .* found 'FAILED' .*fix: leave"):
         spec.make_spec({"r1": failed})
+    unfinished = {**good, "complete": False}  # says OK, but the run never wrote its final verdict
+    with pytest.raises(ConfigError, match=r"r2: field 'complete': expected true \(a run that finished .*found "
+                                          r"False: the run was still going or was stopped, verdict 'OK'"):
+        spec.make_spec({"r2": unfinished})
+    with pytest.raises(ConfigError, match=r"r3: field 'exit_code': expected 0"):
+        spec.make_spec({"r3": {**good, "exit_code": 4}})
     cpu = {**good, "tables": {}}
     with pytest.raises(ConfigError, match=r"cpu: field 'tables.per_gpu_facts': expected each GPU's facts"):
         spec.make_spec({"cpu": cpu})
@@ -304,3 +310,19 @@ def test_validate_refuses_a_bad_spec_before_any_rank_starts(tmp_path, made):
     proc, report = validate(tmp_path, "--expect-gpus", "0", "--spec", tmp_path / "typed.json")
     assert proc.returncode == Exit.USAGE and report is None
     assert "field 'entries[0].expect.gpu_count': expected a whole number >= 1 or null, found '2'" in proc.stderr
+
+
+def test_a_spec_from_runs_without_nvml_readings_says_what_it_will_not_hold(tmp_path, good):
+    """power_limit_w null is 'not compared', a model NVML did not name is 'unknown': made without a word,
+    such a spec would later pass nodes it cannot judge."""
+    for row in good["tables"][spec.TABLE]:
+        row["power_limit_w"] = row["vbios_version"] = row["gpu_model"] = None
+        row["nvml_errors"] = {"power limit": "NVMLError_NotSupported"}
+    (tmp_path / "report.json").write_text(json.dumps(good))
+    made = stackproof("spec", tmp_path, "-o", tmp_path / "spec.json")
+    assert made.returncode == 0, made.stderr
+    assert ("stackproof: warning: unknown x 2: the known-good runs have no reading of gpu_model, vbios_version, "
+            "power_limit_w (NVML gave none): this spec will not hold nodes to them (null: not compared); fix: ") \
+        in made.stderr
+    assert "unknown x 2: the known-good runs have no GPU model (NVML gave no name)" in made.stderr
+    assert "warning" not in stackproof("spec", FIXTURE, "-o", tmp_path / "full.json").stderr

@@ -206,6 +206,25 @@ def make_spec(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "entries": list(entries.values())}
 
 
+def unheld(made: Mapping[str, Any]) -> list[str]:
+    """What a spec made from runs where NVML gave no reading will not hold (a null field is not compared, an
+    unknown model matches no named one), one warning per entry: said when the spec is made, not found out when
+    a bad node passes."""
+    said = []
+    for entry in made["entries"]:
+        missing = [field for field in FIELDS if entry["expect"].get(field) is None]
+        name = key_text(entry["key"])
+        if missing:
+            said.append(f"{name}: the known-good runs have no reading of {', '.join(missing)} (NVML gave none): "
+                        "this spec will not hold nodes to them (null: not compared); fix: make it from runs where "
+                        "NVML answers (their report.json's per_gpu_facts rows name its errors), or leave it so on "
+                        "purpose")
+        if entry["key"]["gpu"] == "unknown":
+            said.append(f"{name}: the known-good runs have no GPU model (NVML gave no name): only nodes whose "
+                        "model NVML cannot name either match this entry by model")
+    return said
+
+
 def _first(where: list[str]) -> str:
     return where[0] + (f" (+{len(where) - 1} more)" if len(where) > 1 else "")
 
