@@ -14,6 +14,7 @@ from stackproof import __version__, files
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV
+from stackproof.settings import argument, parse_seconds, parse_signal
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
 ENVIRONMENT_HELP = ("environment: " + ", ".join(f"{name} (as {flag})" for name, flag in
@@ -45,8 +46,10 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
                                    "the verdict, and exit with its code. " + EXIT_CODES_HELP + ".")
     p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
     p.add_argument("--launcher-exit", type=int, metavar="RC", help="the exit code of torchrun / srun")
-    p.add_argument("--timed-out", type=float, metavar="S", help="the launcher stopped the run after S seconds")
-    p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
+    p.add_argument("--timed-out", type=argument(parse_seconds), metavar="S",
+                   help="the launcher stopped the run after S seconds")
+    p.add_argument("--interrupted", type=argument(parse_signal), metavar="SIGNAL",
+                   help="the launcher was interrupted by SIGNAL (SIGTERM, TERM or 15)")
 
 
 HEALTHCHECK_DEFAULTS = {"tier": "fast"}
@@ -187,6 +190,9 @@ def _act(args: argparse.Namespace) -> int:
     from stackproof.act import run
     from stackproof.act.config import ActConfig
 
+    if getattr(args, "skip_busy_gpus", False):
+        raise ConfigError("--skip-busy-gpus: expected only with healthcheck (it chooses the GPUs this node checks), "
+                          "found it with act, which reads a finished run's report; fix: leave it out")
     return run.act_on_reports(args.reports, ActConfig.from_args(args), sys.stdout)
 
 

@@ -5,6 +5,9 @@ two "nodes"), test_act_healthcheck.py (faults from outside the suite) and test_a
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +193,20 @@ def test_nvml_failing_mid_way_is_said_not_skipped(monkeypatch):
 
     with pytest.raises(NvmlUnavailable, match="NVML could not list the GPUs' processes"):
         hardware.gpu_use()
+
+
+def test_busy_gpus_without_nvml_are_said_not_silently_skipped(monkeypatch, tmp_path):
+    """--skip-busy-gpus names what it skips: where NVML cannot start, it says that it could skip nothing."""
+    pynvml = pytest.importorskip("pynvml")
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: (_ for _ in ()).throw(pynvml.NVMLError(9)))
+    from stackproof.measure.topology import NvmlUnavailable
+
+    with pytest.raises(NvmlUnavailable, match="NVML could not start"):
+        hardware.gpu_use()
+    monkeypatch.undo()
+    proc = subprocess.run([sys.executable, "-m", "stackproof", "healthcheck", "--scheduler", "none",
+                           "--skip-busy-gpus", "--expect-gpus", "0", "-k", "dev_shm", "--reports", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^# stackproof healthcheck: NVML could not start: .*: no GPU skipped$", proc.stdout, re.M), \
+        proc.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from stackproof.act.breaker import limit_problem
-from stackproof.settings import Settings, at_least, option, positive
+from stackproof.settings import Settings, at_least, node_name, option, seconds
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
 
@@ -19,9 +19,10 @@ class ActConfig(Settings):
                                          "the policy table: docs/act.md", choices=SCHEDULERS)
     node: str | None = option(None, "the node's name in the scheduler. healthcheck: this node's (default "
                                     "STACKPROOF_NODE_NAME, SLURMD_NODENAME, else the host name); act: act on this "
-                                    "node only (default: every node of the report)", metavar="NAME")
+                                    "node only (default: every node of the report)", metavar="NAME",
+                              check=node_name)
     act_timeout: float = option(30.0, "seconds each scontrol / sinfo / kubectl call may take", metavar="S",
-                                check=positive)
+                                check=seconds)
     max_nodes: int | None = option(None, "drain no node when more than N nodes of one run are to be drained (a "
                                          "failure that wide is more likely the image or the settings); default: "
                                          "no limit",
