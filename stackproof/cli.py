@@ -234,7 +234,10 @@ def _report(args: argparse.Namespace) -> int:
     from stackproof.report import page
 
     output = files.output_file(args.output, "HTML page", "page.html", [*args.reports, *args.reference])
-    path = page.write(args.reports, output, references=args.reference)
+    path, missing = page.write(args.reports, output, references=args.reference)
+    for folder in missing:
+        print(f"stackproof: warning: {folder}: expected a report.json, found none; the page lists it as missing "
+              "and draws the others", file=sys.stderr)
     print(f"# report: {path}")
     return 0
 
