@@ -210,3 +210,18 @@ def test_busy_gpus_without_nvml_are_said_not_silently_skipped(monkeypatch, tmp_p
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^# stackproof healthcheck: NVML could not start: .*: no GPU skipped$", proc.stdout, re.M), \
         proc.stdout
+
+
+@pytest.mark.parametrize(("printed", "found"), [
+    ('{"items": ["gpu-1"]}', "items[0] that is not a Node of that shape ('gpu-1')"),
+    ('["gpu-1"]', "JSON without a list of items (list: \"['gpu-1']\")"),
+    ("<html>502 Bad Gateway</html>", "text that is not JSON ('<html>502 Bad Gateway</html>')"),
+    ('{"items": [{"metadata": {"name": "g1"}, "spec": {"taints": "none"}}]}', "items[0] that is not a Node"),
+])
+def test_odd_kubectl_output_is_said_as_what_kubectl_printed(printed, found):
+    """Before: the breaker withheld the drain '(string indices must be integers, not 'str')'."""
+    with pytest.raises(ValueError) as err:
+        kubernetes.fleet(printed, {"gpu-1"})
+    said = str(err.value)
+    assert said.startswith(f"`kubectl get nodes -o json` printed {found}") and "expected a NodeList" in said, said
+    assert "fix: check that kubectl talks to the cluster's API server" in said
