@@ -282,8 +282,21 @@ def _bench(args: argparse.Namespace) -> int:
     return resnet.run(resnet.ResnetBench.from_args(args))
 
 
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command's own parser these args were parsed by: `stackproof images check`'s, not the top's."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand's parser: its usage, its --help (argparse would print the top's)
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
                 "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench}
     try:
