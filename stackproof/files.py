@@ -73,13 +73,13 @@ def output_file(path: Path, what: str, example: str, inputs: Iterable[Path] = ()
     if not parent.is_dir():
         found = f"no folder {parent}" if not parent.exists() else f"{parent}, which is not a folder"
         raise refuse(found, f"make the folder first (mkdir -p {parent}), or name a file in one that exists")
-    if path.name == REPORT_FILE:
-        raise refuse(f"the name of a run's record ({REPORT_FILE}): a reports folder's own file")
     read = {(p / REPORT_FILE if p.is_dir() else p).resolve() for p in map(Path, inputs)}
     if path.resolve() in read:
-        raise refuse("one of the files it reads")
+        raise refuse("one of the reports it reads")
     if _is_a_report(path):
-        raise refuse(f"a run's {REPORT_FILE} (writing over it would lose the run)")
+        raise refuse(f"a run's {REPORT_FILE} (overwriting it would lose the run)")
+    if path.name == REPORT_FILE:
+        raise refuse(f"the name of a run's record ({REPORT_FILE}): a reports folder's own file")
     return path
 
 
@@ -122,7 +122,7 @@ def folder_problem(value: Any) -> str | None:
     if value is None:
         return None
     if not str(value).strip():
-        return f"expected a folder, found {value!r}"
+        return f"expected a non-empty value, found {value!r}"
     path = Path(value)
     nearest = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
     if not nearest.is_dir():

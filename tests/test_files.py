@@ -51,7 +51,7 @@ def test_an_output_that_is_a_folder_or_a_runs_report_is_refused_and_kept(capsys,
     disguised = tmp_path / "results.json"
     disguised.write_text(FIXTURE.read_text())
     code, _, err = run(capsys, *argv, "-o", disguised)
-    assert code == Exit.USAGE and "found a run's report.json (writing over it would lose the run)" in err, err
+    assert code == Exit.USAGE and "found a run's report.json (overwriting it would lose the run)" in err, err
     assert disguised.read_text() == FIXTURE.read_text()
     named = tmp_path / "r" / "report.json"
     named.parent.mkdir()

@@ -274,8 +274,8 @@ def test_spec_command_writes_a_spec_and_refuses_to_overwrite_a_report(tmp_path):
     copied.write_text(FIXTURE.read_text())
     disguised = tmp_path / "x.json"
     disguised.write_text(FIXTURE.read_text())
-    for target, found in ((tmp_path, "found a folder"), (copied, "found the name of a run's record"),
-                          (disguised, "found a run's report.json (writing over it would lose the run)")):
+    for target, found in ((tmp_path, "found a folder"), (copied, "found a run's report.json"),
+                          (disguised, "found a run's report.json (overwriting it would lose the run)")):
         refused = stackproof("spec", FIXTURE, "-o", target)
         assert refused.returncode == Exit.USAGE and found in refused.stderr, refused.stderr
         assert "fix: name another file, e.g. -o spec.json" in refused.stderr
