@@ -52,7 +52,7 @@ show = $$($(PYTHON) -m stackproof.images.bake --show $(1) $(IMAGE_OPT) $(NAMESPA
 # Steps run in the order written: check must fail before any docker work starts.
 .NOTPARALLEL:
 .PHONY: dev help build build-all build-validation print bake-file lock check wheelhouse lint test validate test-gpu clean
-.PHONY: push push-all sign verify audit lab
+.PHONY: push push-all sign verify verify-image audit lab
 
 help: ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -111,16 +111,23 @@ validate: $(NEED_VENV) ## run the validation suite on this host's python and GPU
 	$(PYTHON) -m stackproof validate $(ARGS)
 
 # make exits 2 whenever the container fails; the container's own exit code is printed and kept in reports/.
-test-gpu: $(NEED_VENV) ## run the validation image of IMAGE (or the default) on the GPUs; reports land in ./reports
+# ATTEST=1: then sign the run's result (PASSED or FAILED) onto the image digest (stackproof attest, COSIGN_KEY):
+# the image's RepoDigest (pushed or pulled), or ATTEST_IMAGE=REPO@sha256:... for one built here.
+test-gpu: $(NEED_VENV) ## run the validation image of IMAGE (or the default) on the GPUs; reports in ./reports; ATTEST=1 attests
 	$(PYTHON) -m stackproof.images.gpu_runtime "$(GPU_FLAGS)"
 	@# The image runs as uid 1000: it must be able to replace every file of earlier runs (yours, e.g. root's, or its own).
 	mkdir -p $(REPORTS) && cd $(REPORTS) && rm -f $(VERDICT_FILES)
 	chmod -R a+rwX $(REPORTS) || { echo "test-gpu: $(REPORTS) holds files this user cannot hand to the container's uid \
 	    1000 (above); fix: chown -R $$(id -u) $(REPORTS) as their owner, or REPORTS=<another directory>" >&2; exit 2; }
 	tag=$(call show,validation-tag); \
-	rc=0; $(DOCKER) run --rm $(GPU_FLAGS) $(RUN_FLAGS) \
+	ref=$$($(DOCKER) image inspect --format '{{range .RepoDigests}}{{.}} {{end}}' "$$tag" 2>/dev/null | cut -d' ' -f1); \
+	rc=0; $(DOCKER) run --rm $(GPU_FLAGS) $(RUN_FLAGS) $${ref:+-e STACKPROOF_IMAGE_REF=$$ref} \
 	    -v "$(REPORTS):/reports" "$$tag" $(ARGS) || rc=$$?; \
 	echo "$$rc" > $(REPORTS)/exit-code; echo "test-gpu: $$tag exited with $$rc"; \
+	if [ -n "$(ATTEST)" ] && [ -f $(REPORTS)/report.json ]; then \
+	    $(PYTHON) -m stackproof attest --reports $(REPORTS) --key "$(COSIGN_KEY)" \
+	        $(if $(ATTEST_IMAGE),--image "$(ATTEST_IMAGE)") || exit $$?; \
+	fi; \
 	if [ "$$rc" = 125 ] && [[ "$(RUN_FLAGS)" == *memlock* ]]; then \
 	    echo "test-gpu: docker could not start the container (exit 125, message above). If it is about an rlimit: this" \
 	        "engine cannot lift the locked-memory limit (rootless or nested). Without GPUs it is not needed:" \
@@ -152,6 +159,13 @@ REGISTRY ?=
 # cosign key pair (cosign generate-key-pair); the private key's password comes from COSIGN_PASSWORD.
 COSIGN_KEY ?= cosign.key
 COSIGN_PUB ?= cosign.pub
+# make test-gpu ATTEST=1 [ATTEST_IMAGE=REPO@sha256:...]; make verify-image VERIFY_IMAGE=REF [NODE_CLASS=...]
+# [MAX_AGE=30d] (docs/attest.md).
+ATTEST ?=
+ATTEST_IMAGE ?=
+VERIFY_IMAGE ?=
+NODE_CLASS ?=
+MAX_AGE ?=
 # make audit STRICT=1 fails on any finding (otherwise they are reported only); ALL=1 audits every lock.
 ALL ?=
 STRICT ?=
@@ -182,6 +196,11 @@ verify: ## cosign-verify IMAGE's tags in REGISTRY (signature + SBOM) with COSIGN
 	$(need_registry)
 	$(SHIP) verify --registry "$(REGISTRY)" --revision "$(SHIP_REVISION)" --key "$(COSIGN_PUB)" $(IMAGE_OPT) $(NAMESPACE_OPT) \
 	    $(if $(VERIFY_REFERENCE),--reference "$(VERIFY_REFERENCE)")
+
+verify-image: $(NEED_VENV) ## exit 0 only if VERIFY_IMAGE=REF holds a signed PASSED result for this node's class (COSIGN_PUB)
+	@test -n "$(VERIFY_IMAGE)" || { echo "usage: make verify-image VERIFY_IMAGE=REPO@sha256:... [NODE_CLASS=...] [MAX_AGE=30d]" >&2; exit 2; }
+	$(PYTHON) -m stackproof verify-image "$(VERIFY_IMAGE)" --key "$(COSIGN_PUB)" \
+	    $(if $(NODE_CLASS),--node-class "$(NODE_CLASS)") $(if $(MAX_AGE),--max-age "$(MAX_AGE)")
 
 audit: ## pip-audit each lock of IMAGE (or ALL=1); STRICT=1 fails on any finding
 	$(SHIP) audit $(if $(ALL),--all,$(IMAGE_OPT)) $(if $(STRICT),--strict)

@@ -24,8 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch.distributed as dist
 
+from stackproof.judge.findings import Finding
 from stackproof.run import consensus
 from stackproof.run.dist import DistEnv
+
+FINDING = Finding(3, "GPU-8c1e0f9a-...", "collectives::all_reduce[sum-float32]", "the known answer", "index 7: 6.0, "
+                  "expected 5.0", "interconnect", "isolate", "check the driver/NCCL pair", pci_bus_id="0000:19:00.0",
+                  source="collectives::all_reduce[sum-float32]")
 
 
 def suite_shape() -> tuple[int, int]:
@@ -43,7 +48,7 @@ def suite_shape() -> tuple[int, int]:
     return modules + 2, -(-len(checks) // modules)
 
 
-def measure(world: int, syncs: int, checks: int) -> list[float]:
+def measure(world: int, syncs: int, checks: int, failing_ranks: int = 0) -> list[float]:
     timeout = datetime.timedelta(seconds=600)
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
     envs = [DistEnv(rank, world, dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout), 600.0)
@@ -52,8 +57,13 @@ def measure(world: int, syncs: int, checks: int) -> list[float]:
     durations: list[float] = []
 
     def rank_main(env: DistEnv) -> None:
-        mine = [{"nodeid": f"test_04_collectives.py::test_all_reduce[sum-{i}]", "outcome": "passed", "message": "",
-                 "figures": {"largest": {"value": 268435456, "unit": "B"}}} for i in range(checks)]
+        # As run/plugin.py posts them: a passing check carries no finding; a failing rank carries its own.
+        failing = env.rank < failing_ranks
+        mine = [{"nodeid": f"test_04_collectives.py::test_all_reduce[sum-{i}]",
+                 "outcome": "failed" if failing else "passed", "message": "wrong data" if failing else "",
+                 "figures": {"largest": {"value": 268435456, "unit": "B"}},
+                 "findings": [FINDING.at(rank=env.rank, node=f"node{env.rank // 8}").to_json()] if failing else []}
+                for i in range(checks)]
 
         def decide(values):
             return [consensus.joint_outcome([v[i] for v in values]) for i in range(checks)]
@@ -80,6 +90,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[16, 64, 256, 1024])
     parser.add_argument("--syncs", type=int, default=10, help="agreements timed per world size (default 10)")
+    parser.add_argument("--failing", type=int, default=0, metavar="N",
+                        help="ranks whose checks all fail, each carrying its own finding (default 0: a healthy run)")
     args = parser.parse_args()
     per_run, checks = suite_shape()
     print(f"# one agreement = every rank posts the outcomes of {checks} checks, rank 0 reads all and answers; "
@@ -87,7 +99,7 @@ def main() -> None:
     print(f"# {'ranks':>6}  {'median':>9}  {'max':>9}  {'run total':>10}")
     print(f"# {'':>6}  {'(ms)':>9}  {'(ms)':>9}  {'(s)':>10}")
     for world in args.worlds:
-        durations = measure(world, args.syncs, checks)
+        durations = measure(world, args.syncs, checks, args.failing)
         median = statistics.median(durations)
         print(f"  {world:>6}  {median * 1e3:>9.1f}  {max(durations) * 1e3:>9.1f}  {median * per_run:>10.2f}",
               flush=True)

@@ -6,12 +6,9 @@ import os
 import pytest
 import torch
 
-from stackproof.act import policy
-from stackproof.act.decide import SCHEDULER_GPUS
 from stackproof.judge import hardware
-from stackproof.judge.findings import worst
-from stackproof.measure import topology
-from stackproof.run.visibility import FROM_THE_BUS, expected_gpus, missing
+from stackproof.measure import nics, topology
+from stackproof.run.visibility import FROM_THE_BUS, FROM_THE_SCHEDULER, expected_gpus, missing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fast]
 
@@ -38,12 +35,13 @@ def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     report.figure("names", ",".join(sorted({g.name for g in visible})))
     report.figure("driver", inventory.driver_version)
     report.context("driver", {"version": inventory.driver_version, "cuda": inventory.cuda_driver_version})
+    report.context("nics", nics.survey())  # the node class's network half (stackproof attest)
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
     # GPUs missing that the scheduler allocated or the PCI bus shows are the node's fault (act drains it); fewer
     # than a flag or a launch asked for may be the flag's or the launch's.
-    lost = count < want and (why.startswith(SCHEDULER_GPUS) or len(bus or []) >= want)
-    report.classify(*(policy.GPUS_MISSING if lost else ("configuration", "triage")))
+    lost = count < want and (why.startswith(FROM_THE_SCHEDULER) or len(bus or []) >= want)
+    report.classify(*(hardware.GPUS_MISSING if lost else ("configuration", "triage")))
     assert count == len(visible), (f"torch.cuda.device_count() = {count}, but NVML shows {len(visible)} GPU(s) "
                                    f"visible (CUDA_VISIBLE_DEVICES={cvd}, NVML total {len(inventory.gpus)})")
     gone = missing(bus or [], inventory) if FROM_THE_BUS in why else []
@@ -61,7 +59,7 @@ def test_gpus_have_what_they_should(inventory, report):
     for gpu in inventory.gpus:
         report.figure(f"gpu{gpu.index}", f"NVLink {gpu.nvlink_active}/{gpu.nvlink_supported}; PCIe "
                                          f"x{gpu.pcie_width_current} of x{gpu.pcie_width_gpu_max or gpu.pcie_width}")
-    report.classify(*(worst(findings) or ("interconnect", "triage")))
+    report.found(*findings)
     report.hint("act on each finding's fix; nvidia-smi topo -m and nvidia-smi nvlink -s show the links")
     assert not findings, " | ".join(map(str, findings))
 

@@ -39,10 +39,9 @@ def _mine(found: list[judged.Finding], mine: dict) -> list[judged.Finding]:
 
 
 def _judge(report, found_by_node: dict, mine: dict) -> None:
-    everything = [f for found in found_by_node.values() for f in found]
-    report.classify(*(judged.worst(everything) or ("configuration", "triage")))
     report.hint("act on each finding's fix; nvidia-smi -q on the node shows the same NVML records")
     own = _mine(found_by_node.get(mine["node"], []), mine)
+    report.found(*own)
     assert not own, f"{mine['node']}: " + " | ".join(map(str, own))
 
 

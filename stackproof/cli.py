@@ -1,7 +1,9 @@
 """The command line: `stackproof validate` proves a machine + image; `stackproof healthcheck` / `act` drain or
 taint a node that failed; `stackproof baseline`, `spec` and `report` turn reports into a baseline, a node spec
 and an HTML page; `stackproof bench` prints figures; `stackproof images ...` keeps the matrix, locks and build
-plan consistent. Errors print one line (what was expected, what was found, the fix), no traceback."""
+plan consistent; `stackproof attest` signs a run's result onto its image digest and `stackproof verify-image`
+refuses an image without a passing result for this node's class. Errors print one line (what was expected,
+what was found, the fix), no traceback."""
 
 from __future__ import annotations
 
@@ -138,6 +140,33 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
                     "img/s per GPU, the total, scaling from one GPU, and torch.compile's compile time."))
 
 
+def _attest_parsers(sub: argparse._SubParsersAction) -> None:
+    from stackproof.images.attest import PREDICATE_TYPE
+    from stackproof.images.attest_config import AttestConfig, VerifyImageConfig
+
+    p = sub.add_parser("attest", help="sign a validation run's result on its image digest (in-toto test-result, "
+                                      "per node class) and attach it in the registry (cosign, no tlog)",
+                       description=f"Read <reports>/report.json and attach to the image digest the run ran in a "
+                                   f"signed {PREDICATE_TYPE} statement: PASSED or FAILED (a run that was not OK is "
+                                   "attested FAILED), the node class, the stackproof version, the spec and baseline "
+                                   "digests, the node, the time and the check names (docs/attest.md). Exit 0 "
+                                   "attested, 1 cosign or the registry failed, 2 bad input (no image digest, a "
+                                   "record that does not say its node class, cosign not the pinned version).")
+    AttestConfig.add_arguments(p)
+    p = sub.add_parser("verify-image", help="exit 0 only when an image digest holds a signed PASSED result for "
+                                            "this node class (else exit 1, one line saying what is missing)",
+                       description="Verify the test results attached to REF with cosign (the key, the statement's "
+                                   "shape) and decide here: the newest result for the node class must be PASSED, "
+                                   "no older than --max-age. Exit 0 proven; 1 refused, with one line: no "
+                                   "attestation, wrong key, wrong class, FAILED, too old, digest mismatch (a "
+                                   "REPO:TAG@sha256:... whose tag moved); 2 bad input (docs/attest.md).")
+    p.add_argument("reference", metavar="REF", help="REPO:TAG, REPO@sha256:... or REPO:TAG@sha256:...")
+    VerifyImageConfig.add_arguments(p)
+    sub.add_parser("node-class", help="print this node's class (GPU model x count, driver, CUDA, NICs) as "
+                                      "verify-image --node-class takes it",
+                   description="This node's class from NVML and sysfs, one line (docs/attest.md).")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="stackproof", description=__doc__, epilog=EXIT_CODES_HELP + ".")
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
@@ -151,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     _report_parser(sub)
     _images_parser(sub)
     _bench_parser(sub)
+    _attest_parsers(sub)
     return parser
 
 
@@ -161,10 +191,14 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _verdict(args: argparse.Namespace) -> int:
-    from stackproof.run import settle as verdict
+    from stackproof.report.attestation import read_record, record_line
+    from stackproof.run import settle
 
-    return verdict.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit, interrupted=args.interrupted,
-                            timed_out_s=args.timed_out)
+    attested = read_record(args.reports)
+    if attested:  # before the table: the last two lines stay the verdict and the report's path
+        print(f"# stackproof: {record_line(attested)}", flush=True)
+    return int(settle.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit,
+                               interrupted=args.interrupted, timed_out_s=args.timed_out).exit_code)
 
 
 def _healthcheck(args: argparse.Namespace) -> int:
@@ -282,6 +316,44 @@ def _bench(args: argparse.Namespace) -> int:
     return resnet.run(resnet.ResnetBench.from_args(args))
 
 
+def _attest(args: argparse.Namespace) -> int:
+    from stackproof.images import attest
+    from stackproof.images.attest_config import AttestConfig
+
+    settings = AttestConfig.from_args(args)
+    record = attest.attest(Path(settings.reports), settings.image, Path(settings.key), settings.spec,
+                           settings.baseline)
+    print(f"# {attest.record_line(record)} (record: {Path(settings.reports) / attest.RECORD_FILE})")
+    return 0
+
+
+def _verify_image(args: argparse.Namespace) -> int:
+    import json
+
+    from stackproof.images import attest
+    from stackproof.images.attest_config import VerifyImageConfig
+    from stackproof.judge import node_class
+
+    settings = VerifyImageConfig.from_args(args)
+    wanted = node_class.parse(settings.node_class) if settings.node_class else attest.this_node_class()
+    if settings.spec:
+        import dataclasses
+
+        wanted = dataclasses.replace(wanted, spec=settings.spec)
+    verdict = attest.verify_image(args.reference, wanted, Path(settings.key), settings.max_age)
+    if settings.json:
+        print(json.dumps(verdict.to_json(), indent=2))
+    print(f"stackproof verify-image: {verdict.line()}", file=sys.stderr if settings.json else sys.stdout)
+    return 0 if verdict.ok else 1
+
+
+def _node_class(args: argparse.Namespace) -> int:
+    from stackproof.images import attest
+
+    print(attest.this_node_class().text())
+    return 0
+
+
 def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The (sub)command's own parser these args were parsed by: `stackproof images check`'s, not the top's."""
     while True:
@@ -293,12 +365,24 @@ def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # said by the subcommand's parser: its usage, its --help (argparse would print the top's)
-        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the subcommand's parser: its usage, its --help (argparse would print the top's)
+            _innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as stop:
+        if stop.code == Exit.USAGE and argv[:1] == ["healthcheck"]:
+            # The scheduler's contract: a typo in a Prolog's flags is bad input, never a drain.
+            from stackproof.act.run import STAYS
+
+            print(f"# stackproof healthcheck: bad input (the flags above); this node stays in service; exit {STAYS}",
+                  flush=True)
+            return STAYS
+        raise
     commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
-                "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench}
+                "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench,
+                "attest": _attest, "verify-image": _verify_image, "node-class": _node_class}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

@@ -129,6 +129,10 @@ def option(default: Any = None, help: str = "", *, flag: str | None = None, meta
 class Settings:
     """Base of the frozen settings dataclasses (ValidateConfig, ...): fields declared with `option`."""
 
+    def to_json(self) -> dict[str, Any]:
+        """The settings as the record keeps them (report.json's `settings`)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     def field_problems(self) -> list[str]:
         """Each field's own check and choices, as '<flag>: expected ..., found ...'."""
         problems = [f"{flag_of(f)}: {message}" for f in dataclasses.fields(self)

@@ -8,6 +8,7 @@ server, the RBAC being enforced, the DaemonSet being scheduled.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,11 +20,14 @@ import pytest
 
 from stackproof.act import decide, kubernetes, policy
 from stackproof.errors import Exit
+from stackproof.judge.findings import Finding
+from stackproof.report.record import Check, Report
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (it is in the dev extra)")
 
 REPO = Path(__file__).resolve().parents[1]
 DAEMONSET = REPO / "scripts" / "kubernetes" / "daemonset.yaml"
+BROKEN_ALLREDUCE = REPO / "tests" / "fixtures" / "broken_allreduce"
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 ALLREDUCE = ["--expect-gpus", "0", "-k", "all_reduce and sum-float32", "--max-check-bytes", "64K", "--timeout", "60"]
 
@@ -44,14 +48,16 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def two_node_fault(tmp_path_factory) -> Path:
-    """A real run over two "nodes" (gpu-a, gpu-b: two launchers on this host, one rank each, c10d) with a fault
-    on rank 1, which runs on gpu-b (node rank 1, static rendezvous)."""
+    """A real run over two "nodes" (gpu-a, gpu-b: two launchers on this host, one rank each, static rendezvous)
+    whose all_reduce is broken on gpu-b only (tests/fixtures/broken_allreduce on that node's PYTHONPATH)."""
     reports = tmp_path_factory.mktemp("two-node")
     port = str(_free_port())
     procs = [subprocess.Popen([PYTHON, "-m", "stackproof", "validate", "--nnodes", "2", "--node-rank", str(index),
                                "--master-addr", "127.0.0.1", "--master-port", port, "--nproc", "1",
-                               "--reports", str(reports / node), *ALLREDUCE, "--inject-fault", "allreduce-add-one"],
-                              env=_env(STACKPROOF_NODE_NAME=node, GLOO_SOCKET_IFNAME="lo"), cwd=reports,
+                               "--reports", str(reports / node), *ALLREDUCE],
+                              env=_env(STACKPROOF_NODE_NAME=node, GLOO_SOCKET_IFNAME="lo",
+                                       PYTHONPATH=f"{BROKEN_ALLREDUCE}:{REPO}" if node == "gpu-b" else str(REPO)),
+                              cwd=reports,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for index, node in enumerate(("gpu-a", "gpu-b"))]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
@@ -71,10 +77,19 @@ def one_node_pass(tmp_path_factory) -> Path:
 
 # --- the decision, from real reports ------------------------------------------------------------------------
 
+def _every_node_found(record: Report, category: str, severity: str) -> Report:
+    """The record with each node's rank finding the same (category, severity): a fault on every node."""
+    found = [Finding(None, "", "x", "e", "f", category, severity, "fix", node=r["node"], rank=r["rank"], source="x")
+             for r in record.ranks]
+    check = Check("smoke_tests/test_02_gpus.py::test_x", "failed", failed_ranks=[r["rank"] for r in record.ranks],
+                  findings=found)
+    return dataclasses.replace(record, checks=[check])
+
+
 def test_a_failed_check_acts_on_its_node_only(two_node_fault):
-    report = decide.load(two_node_fault)
-    assert report["exit_code"] == Exit.FAILED and report["world"]["nodes"] == 2
-    decision = decide.decide(report)
+    record = Report.read(two_node_fault)
+    assert record.exit_code == Exit.FAILED and record.world["nodes"] == 2
+    decision = decide.decide(record)
     assert sorted((a.node, a.failed) for a in decision.actions) == [("gpu-a", False), ("gpu-b", True)]
     (failed,) = decision.to_act
     assert failed.reason == "stackproof: collectives::all_reduce[sum-float32] rank 1"
@@ -82,50 +97,41 @@ def test_a_failed_check_acts_on_its_node_only(two_node_fault):
 
 
 def test_a_passing_run_acts_on_nothing(one_node_pass):
-    decision = decide.decide(decide.load(one_node_pass), exit_code=0)
+    decision = decide.decide(Report.read(one_node_pass), exit_code=0)
     assert decision.to_act == () and [a.node for a in decision.actions] == ["gpu-a"]
     assert decision.summary() == "every node passed: nothing to act on"
 
 
-@pytest.mark.parametrize("code", [Exit.USAGE, Exit.NO_GPU, Exit.INTERRUPTED])
+@pytest.mark.parametrize("code", [Exit.USAGE, Exit.INTERRUPTED])
 def test_outcomes_that_say_nothing_about_the_machine_act_on_nothing(two_node_fault, code):
-    report = {**decide.load(two_node_fault), "exit_code": int(code)}
-    decision = decide.decide(report)
+    record = dataclasses.replace(Report.read(two_node_fault), override=(int(code), "stopped"))
+    decision = decide.decide(record)
     assert decision.actions == () and f"exit code {int(code)}" in decision.withheld
 
 
 def test_a_hardware_check_that_failed_before_a_run_stopped_still_drains(two_node_fault):
-    """Exit 4 (say a later check hung): the checks that failed before it were judged, and act."""
-    report = {**decide.load(two_node_fault), "exit_code": int(Exit.INCOMPLETE), "message": "a later check hung"}
-    (action,) = decide.decide(report).to_act
+    """Exit 4 (say a later check hung): the findings made before it were judged, and act."""
+    record = dataclasses.replace(Report.read(two_node_fault), override=(int(Exit.INCOMPLETE), "a later check hung"))
+    (action,) = decide.decide(record).to_act
     assert (action.node, action.action) == ("gpu-b", policy.DRAIN)
 
 
 def test_a_stale_or_foreign_report_acts_on_nothing(two_node_fault):
-    report = decide.load(two_node_fault)
-    assert "stale" in decide.decide(report, not_before="2999-01-01T00:00:00+00:00").withheld
-    assert decide.decide(report, exit_code=4).actions == ()  # the run said 4, the file says 1
-    assert "schema" in decide.decide({**report, "schema": "other/9"}).withheld
+    record = Report.read(two_node_fault)
+    assert "stale" in decide.decide(record, not_before=record.started + 3600).withheld
+    assert decide.decide(record, exit_code=4).actions == ()  # the run said 4, the file says 1
 
 
 def test_max_nodes_withholds_a_fleet_wide_failure(two_node_fault):
-    report = decide.load(two_node_fault)
-    for node in report["nodes"]:  # both nodes failed the same hardware check: more likely the settings
-        node["verdict"], node["failed_checks"] = "FAIL", [{"check": "gpus::every_gpu_computes", "ranks": node["ranks"],
-                                                           "category": "gpu-hardware", "severity": "isolate"}]
-    withheld = decide.decide(report, max_nodes=1)
+    record = _every_node_found(Report.read(two_node_fault), "gpu-hardware", "isolate")
+    withheld = decide.decide(record, max_nodes=1)
     assert withheld.drains == () and {a.action for a in withheld.actions} == {policy.ALERT}
     assert all("more than --max-nodes 1" in a.held for a in withheld.actions)
-    assert len(decide.decide(report).drains) == 2
+    assert len(decide.decide(record).drains) == 2
 
 
 def test_an_image_fault_on_every_node_alerts_and_drains_nothing(two_node_fault):
-    report = decide.load(two_node_fault)
-    for node in report["nodes"]:
-        node["verdict"], node["failed_checks"] = "FAIL", [{"check": "pins::versions_match_the_promise",
-                                                           "ranks": node["ranks"], "category": "software-pins",
-                                                           "severity": "triage"}]
-    decision = decide.decide(report)
+    decision = decide.decide(_every_node_found(Report.read(two_node_fault), "software-pins", "triage"))
     assert decision.drains == () and [a.action for a in decision.actions] == [policy.ALERT, policy.ALERT]
 
 
@@ -142,7 +148,7 @@ def test_act_cli_dry_run_and_bad_reports(two_node_fault, tmp_path):
     assert "run:" not in proc.stdout
     proc = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(tmp_path), "--scheduler", "slurm"],
                           env=_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "found no file; fix:" in proc.stderr
+    assert proc.returncode == 2 and "found no such file; fix:" in proc.stderr
 
 
 # --- kubectl itself, on a Node object (no API server here) --------------------------------------------------
@@ -169,7 +175,7 @@ def _kubectl_local(action: decide.NodeAction, tmp_path: Path) -> dict:
 
 @needs_kubectl
 def test_kubectl_labels_and_annotates_a_failed_node(two_node_fault, tmp_path):
-    (action,) = decide.decide(decide.load(two_node_fault)).to_act
+    (action,) = decide.decide(Report.read(two_node_fault)).to_act
     node = _kubectl_local(action, tmp_path)
     assert node["metadata"]["labels"][kubernetes.VERDICT_LABEL] == "fail"
     assert node["metadata"]["annotations"][kubernetes.CHECK_ANNOTATION] == action.reason
@@ -179,7 +185,7 @@ def test_kubectl_labels_and_annotates_a_failed_node(two_node_fault, tmp_path):
 
 @needs_kubectl
 def test_kubectl_labels_a_passing_node_and_clears_the_check(one_node_pass, tmp_path):
-    (action,) = decide.decide(decide.load(one_node_pass)).actions
+    (action,) = decide.decide(Report.read(one_node_pass)).actions
     NODE["metadata"]["annotations"] = {kubernetes.CHECK_ANNOTATION: "stackproof: an earlier failure"}
     try:
         node = _kubectl_local(action, tmp_path)
@@ -209,11 +215,7 @@ def test_kubectl_accepts_the_taint(tmp_path):
 def test_act_tries_every_node_and_reports_each_failure(two_node_fault, tmp_path):
     """kubectl with no reachable cluster fails for every node: each is tried and named, the breaker (which
     cannot count the tainted nodes) holds the drains, and act exits 2."""
-    report = decide.load(two_node_fault)
-    for node in report["nodes"]:
-        node["verdict"], node["failed_checks"] = "FAIL", [{"check": "gpus::every_gpu_computes", "ranks": node["ranks"],
-                                                           "category": "gpu-hardware", "severity": "isolate"}]
-    (tmp_path / "report.json").write_text(json.dumps(report))
+    _every_node_found(Report.read(two_node_fault), "gpu-hardware", "isolate").write(tmp_path)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "none",
                                       "clusters": [{"name": "none", "cluster": {"server": "http://127.0.0.1:1"}}],

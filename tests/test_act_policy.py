@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ import pytest
 from stackproof.act import breaker, decide, hardware, kubernetes, policy, slurm
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
-from stackproof.judge.findings import CATEGORIES, SEVERITIES
+from stackproof.judge import hardware as jhardware
+from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding
 from stackproof.measure import topology
-from stackproof.report.record import SCHEMA
+from stackproof.report.record import Check, Report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,74 +36,76 @@ def test_only_the_machines_own_faults_drain():
             assert action == policy.ALERT, (category, severity)
     assert policy.action("gpu-hardware", "isolate") == policy.DRAIN
     assert policy.action("", "") == policy.ALERT  # an unclassified failure never drains
-    assert policy.action(*policy.GPUS_MISSING) == policy.action(*policy.GPU_HANG) == policy.DRAIN
+    assert policy.action(*jhardware.GPUS_MISSING) == policy.action(*jhardware.GPU_HANG) == policy.DRAIN
     assert policy.strongest([policy.REPORT, policy.DRAIN, policy.ALERT]) == policy.DRAIN
 
 
-def _report(code: int, checks: list[dict], ranks: list[dict], **extra) -> dict:
-    """A report.json as suite/report.py writes it (nodes derived from the checks' failed ranks)."""
-    nodes: dict[str, dict] = {}
-    for r in ranks:
-        nodes.setdefault(r["node"], {"node": r["node"], "ranks": [], "failed_checks": [], "verdict": "PASS"})
-        nodes[r["node"]]["ranks"].append(r["rank"])
-    for check in checks:
-        for rank in check.get("failed_ranks", []):
-            node = nodes[ranks[rank]["node"]]
-            node["verdict"] = "FAIL"
-            node["failed_checks"].append({"check": check["name"], "ranks": [rank], "category": check["category"],
-                                          "severity": check["severity"]})
-    return {"schema": SCHEMA, "exit_code": code, "message": extra.pop("message", ""), "ranks": ranks,
-            "nodes": list(nodes.values()), "checks": checks, "started": "2026-01-01T00:00:00+00:00", **extra}
+def _record(code: int, ranks: list[dict], checks: list[Check] = (), findings: list[Finding] = (),
+            message: str = "") -> Report:
+    """A run record as the ranks and the launcher leave it: checks with each failing rank's own findings."""
+    return Report(ranks=ranks, checks=list(checks), findings=list(findings), override=(code, message), complete=True,
+                  started=time.time())
 
 
-GPU_RANKS = [{"rank": 0, "node": "a", "gpu": {"index": 0, "pci_bus_id": "0000:19:00.0"}},
-             {"rank": 1, "node": "b", "gpu": {"index": 0, "pci_bus_id": "0000:3b:00.0"}}]
+def _gpu_ranks(*nodes: str, per_node: int = 1) -> list[dict]:
+    return [{"rank": r, "node": node, "host": node, "gpu": {"index": g, "uuid": f"GPU-{node}-{g}",
+                                                             "pci_bus_id": f"0000:{0x19 + g:02x}:00.0"}}
+            for r, (node, g) in enumerate((n, g) for n in nodes for g in range(per_node))]
 
 
-def _check(name: str, ranks: list[int], category: str = "", severity: str = "", message: str = "") -> dict:
-    return {"name": name, "outcome": "failed", "failed_ranks": ranks, "category": category, "severity": severity,
-            "message": message}
+def _finding(rank: int, ranks: list[dict], category: str, severity: str, check: str = "x", gpu: bool = True) -> Finding:
+    """A finding as rank `rank` stamps it (run/plugin.py's stamp): its node and rank, its GPU when about it."""
+    ident = ranks[rank]
+    where = ident["gpu"] if gpu else {}
+    return Finding(where.get("index"), where.get("uuid", ""), check, "e", "f", category, severity, "fix",
+                   node=ident["node"], rank=rank, pci_bus_id=where.get("pci_bus_id", ""), source=check)
 
 
-def test_each_node_gets_the_strongest_action_of_its_failed_checks():
-    report = _report(1, [_check("pins::versions", [0, 1], "software-pins", "triage"),
-                         _check("gpus::every_gpu_computes", [1], "gpu-hardware", "isolate"),
-                         _check("gemm", [0], "performance", "triage")], GPU_RANKS)
-    by_node = {a.node: a for a in decide.decide(report).actions}
-    assert by_node["a"].action == policy.ALERT and by_node["a"].reason == "stackproof: pins::versions GPU 0 PCI " \
-                                                                          "0000:19:00.0 (+1 more)"
+def _failed(name: str, findings: list[Finding]) -> Check:
+    check = Check(f"smoke_tests/test_x.py::test_{name}", "failed", failed_ranks=sorted({f.rank for f in findings}))
+    check.findings = findings
+    return check
+
+
+def test_each_node_gets_the_strongest_action_of_its_own_findings():
+    ranks = _gpu_ranks("a", "b")
+    record = _record(1, ranks, [_failed("pins", [_finding(0, ranks, "software-pins", "triage"),
+                                                 _finding(1, ranks, "software-pins", "triage")]),
+                                _failed("computes", [_finding(1, ranks, "gpu-hardware", "isolate", "computes")]),
+                                _failed("gemm", [_finding(0, ranks, "performance", "triage", "gemm")])])
+    by_node = {a.node: a for a in decide.decide(record).actions}
+    assert by_node["a"].action == policy.ALERT
+    assert by_node["a"].reason == "stackproof: x GPU 0 GPU-a-0 PCI 0000:19:00.0 (+1 more)"
     assert by_node["b"].action == policy.DRAIN
-    assert by_node["b"].reason == "stackproof: gpus::every_gpu_computes GPU 0 PCI 0000:3b:00.0 (+1 more)"
+    assert by_node["b"].reason == "stackproof: computes GPU 0 GPU-b-0 PCI 0000:19:00.0 (+1 more)"
 
 
 def test_a_hang_pinned_on_one_gpu_drains_and_a_wider_stall_does_not():
     message = "collectives::barrier did not finish within 5 s: rank(s) [1] stalled outside any collective"
-    one = _report(4, [_check("collectives::barrier", [1], "interconnect", "triage", message)], GPU_RANKS,
-                  message=message)
-    (action,) = decide.decide(one).to_act
+    ranks = _gpu_ranks("a", "b")
+    gpus = {r["rank"]: r["gpu"] for r in ranks}
+    one = jhardware.stalled("collectives::barrier", message, [1], gpus).at(node="b")
+    (action,) = decide.decide(_record(4, ranks, findings=[one], message=message)).to_act
     assert (action.node, action.action) == ("b", policy.DRAIN)
-    both = _report(4, [_check("collectives::barrier", [0, 1], "interconnect", "isolate", message)], GPU_RANKS,
-                   message=message)
-    assert {a.action for a in decide.decide(both).to_act} == {policy.ALERT}  # its own class does not count
-    cpu = _report(4, [_check("x", [1], message=message)], [{k: v for k, v in r.items() if k != "gpu"}
-                                                           for r in GPU_RANKS], message=message)
-    assert {a.action for a in decide.decide(cpu).to_act} == {policy.ALERT}
-    died = _report(4, [], GPU_RANKS, message="rank 1 exited with signal SIGKILL")
-    assert decide.decide(died).actions == () and "names no machine" in decide.decide(died).withheld
+    both = jhardware.stalled("collectives::barrier", message, [0, 1], gpus)
+    assert both.category == "tool-error"
+    assert decide.decide(_record(4, ranks, findings=[both], message=message)).drains == ()
+    cpu = jhardware.stalled("x", message, [1], {})
+    assert cpu.category == "tool-error"
+    died = _record(4, ranks, message="rank 1 exited with signal SIGKILL")
+    assert decide.decide(died).actions == () and "no finding that names a machine" in decide.decide(died).withheld
 
 
 def test_no_gpu_drains_only_when_the_scheduler_or_the_pci_bus_says_gpus_are_there():
-    def no_gpu(reason: str) -> dict:
-        return {"schema": SCHEMA, "exit_code": 3, "message": "no GPU visible", "nodes": [], "ranks": [],
-                "context": {"expected_gpus": 8, "visible_gpus": 0, "reason": reason}}
+    def no_gpu(proven: bool) -> Report:
+        finding = jhardware.no_gpu_visible(8, "SLURM_GPUS_ON_NODE=8 (the job's GPUs)", proven).at(node="n2")
+        return _record(3, [], findings=[finding], message="no GPU visible")
 
-    scheduler = decide.decide(no_gpu("SLURM_GPUS_ON_NODE=8 (the job's GPUs on this node)"), node="n2")
-    assert [(a.node, a.action, a.reason) for a in scheduler.actions] == [
-        ("n2", policy.DRAIN, "stackproof: no GPU visible, SLURM_GPUS_ON_NODE=8")]
-    launch = decide.decide(no_gpu("NVIDIA_VISIBLE_DEVICES=all"), node="n2")
-    assert launch.actions == () and "the launch, not the node" in launch.withheld
-    assert decide.decide(no_gpu("--expect-gpus 8"), node="n2", gpus_on_pci=8).drains[0].reason == \
-        "stackproof: no GPU visible, 8 NVIDIA GPU(s) on the PCI bus"
+    scheduler = decide.decide(no_gpu(True))
+    assert [(a.node, a.action) for a in scheduler.actions] == [("n2", policy.DRAIN)]
+    assert scheduler.actions[0].reason == "stackproof: no GPU visible, SLURM_GPUS_ON_NODE=8"
+    launch = decide.decide(no_gpu(False))
+    assert [(a.node, a.action) for a in launch.actions] == [("n2", policy.ALERT)]
 
 
 def test_nvidia_gpus_on_the_bus_reads_sysfs(tmp_path):
@@ -208,8 +212,8 @@ def test_busy_gpus_without_nvml_are_said_not_silently_skipped(monkeypatch, tmp_p
                            "--skip-busy-gpus", "--expect-gpus", "0", "-k", "dev_shm", "--reports", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert re.search(r"^# stackproof healthcheck: NVML could not start: .*: no GPU skipped$", proc.stdout, re.M), \
-        proc.stdout
+    said = r"^# stackproof healthcheck: --skip-busy-gpus: NVML could not start: .*; no GPU skipped$"
+    assert re.search(said, proc.stdout, re.M), proc.stdout
 
 
 @pytest.mark.parametrize(("printed", "found"), [

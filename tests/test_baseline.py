@@ -58,7 +58,7 @@ def test_a_figure_far_below_its_baseline_fails_naming_it(known_good, tmp_path):
     assert "bandwidth::all_reduce_busbw busbw@256KiB: found" in message and "baseline 1e+06 GB/s" in message
     assert "higher is better" in message and "tolerance 5% (--baseline-tolerance)" in message
     assert "on rank 1 on " in message
-    assert failed["failed_ranks"] == [0, 1] and failed["category"] == "performance"
+    assert failed["failed_ranks"] == [0, 1] and {f["category"] for f in failed["findings"]} == {"performance"}
     assert report["nodes"][0]["verdict"] == "FAIL"
     assert BASELINE_CHECK in [f["check"] for f in report["nodes"][0]["failed_checks"]]
     assert "# Verdict: FAILED" in proc.stdout
@@ -110,7 +110,7 @@ def test_another_schema_is_refused_naming_the_field(known_good, tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(other))
     refused = stackproof("baseline", reports, tmp_path / "old.json", "-o", tmp_path / "b.json")
     assert refused.returncode == Exit.USAGE
-    assert f"{tmp_path / 'old.json'}: field 'schema': expected 'stackproof.report/1', found 'stackproof.report/0'" \
+    assert f"{tmp_path / 'old.json'}: field 'schema': expected 'stackproof.report/2', found 'stackproof.report/0'" \
         in refused.stderr
 
 
@@ -140,7 +140,8 @@ def gpu_report(hbm0=4.238, hbm1=4.235, transport=True):
     """report.json's shape on 2 GPUs (docs/report-format.md): rank 0 holds every GPU's figure as name@host:gpu,
     rank 1 its own; the bar is a derived figure."""
     gpu = {"name": "NVIDIA H200", "uuid": "GPU-x", "serial": "1654", "pci_bus_id": "0000:00:06.0"}
-    return {"schema": "stackproof.report/1", "verdict": "OK", "exit_code": 0, "complete": True,
+    return {"schema": "stackproof.report/2", "verdict": "OK", "exit_code": 0, "complete": True, "settings": {},
+            "nodes": [{"node": "n1", "ranks": [0, 1], "verdict": "PASS", "failed_checks": []}], "findings": [],
             "world": {"size": 2, "nodes": 1, "backend": "nccl", "local_world_size": 2},
             "ranks": [{"rank": r, "node": "n1", "host": "n1", "gpu": {**gpu, "index": r}} for r in (0, 1)],
             "context": {"nccl_transport": {"nvlink_up": True}} if transport else {

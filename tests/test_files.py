@@ -71,8 +71,8 @@ def test_a_missing_report_says_so_and_the_fix(capsys, tmp_path, command):
     missing = tmp_path / "nope" / "report.json"
     code, _, err = run(capsys, command, missing, "-o", tmp_path / "out")
     assert code == Exit.USAGE, err
-    assert (f"{missing}: expected a stackproof report.json, found no such file; fix: name a report.json written "
-            "by `stackproof validate`, or the reports folder that holds one (its --reports)") in err, err
+    assert (f"{missing}: expected a finished run's report.json, found no such file; fix: point at the folder "
+            "`stackproof validate --reports DIR` wrote, or its report.json") in err, err
     assert "Error" not in err and "Errno" not in err
 
 

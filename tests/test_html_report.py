@@ -126,7 +126,7 @@ def test_bad_inputs_are_exit_2_naming_the_file(page, tmp_path):
         "data lines" in refused.stderr
     (tmp_path / "other.json").write_text('{"schema": "something/else"}')
     refused = stackproof("report", tmp_path / "other.json", "-o", tmp_path / "r.html")
-    assert refused.returncode == Exit.USAGE and "field 'schema': expected 'stackproof.report/1'" in refused.stderr
+    assert refused.returncode == Exit.USAGE and "field 'schema': expected 'stackproof.report/2'" in refused.stderr
     assert not (tmp_path / "r.html").exists()
 
 

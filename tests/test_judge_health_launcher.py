@@ -41,7 +41,7 @@ def test_a_gpu_answering_unknown_error_is_a_finding_with_a_report(tmp_path):
     proc, report = validate(tmp_path, lost, SYSFS)
     assert proc.returncode == Exit.FAILED, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
-    finding = report["context"]["findings"][0]
+    finding = report["findings"][0]
     assert (finding["gpu_index"], finding["check"]) == (0, "GPU reachable")
     assert finding["found"] == "n/a: NVML error Unknown Error"
     assert (finding["category"], finding["severity"]) == ("gpu-hardware", "isolate")
@@ -54,7 +54,7 @@ def test_a_gpu_on_the_bus_that_nvml_does_not_show_is_named(tmp_path):
     shutil.copytree(bus / "0000:00:06.0", bus / "0000:00:07.0")  # a second H200 that fell off the bus
     proc, report = validate(tmp_path, recorded(), str(bus))
     assert proc.returncode == Exit.FAILED, proc.stdout + proc.stderr
-    [finding] = report["context"]["findings"]
+    [finding] = report["findings"]
     assert finding["expected"] == "the GPU at PCI 0000:00:07.0 visible to NVML"
     assert "2 NVIDIA GPU(s) on the PCI bus" in report["context"]["expected_gpus"]
     assert "0000:00:07.0" in proc.stdout

@@ -14,6 +14,8 @@ def test_a_wheel_carries_the_suite_and_finds_it_installed(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {"stackproof/smoke_tests/conftest.py", "stackproof/smoke_tests/pytest.ini",
             "stackproof/smoke_tests/test_04_collectives.py"} <= set(names)
+    # verify-image runs on nodes from the installed package: its judge and the CUE policy cosign runs.
+    assert {"stackproof/judge/node_class.py", "stackproof/images/test-result.cue"} <= set(names)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, timeout=600)

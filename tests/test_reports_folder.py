@@ -59,9 +59,9 @@ def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
     holder.kill()
     holder.wait()
     assert f"pid {holder.pid}" in (reports / ".stackproof.lock").read_text()  # the dead run's words are still there
-    from stackproof.run import settle as verdict
+    from stackproof.run import settle
 
-    held = verdict.prepare(reports)  # what the next run's launcher does first: the folder is free
+    held = settle.prepare(reports)  # what the next run's launcher does first: the folder is free
     assert f"pid {os.getpid()} on " in (reports / ".stackproof.lock").read_text()
     held.release()
 
@@ -135,7 +135,7 @@ def test_a_reports_folder_without_room_is_refused_in_one_line(tmp_path):
                                       'echo "files: $(ls -A "$R" | tr "\\n" " ")"; exit $rc')
     assert proc.returncode == Exit.USAGE, proc.stdout + proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
-    assert "expected at least 16 MiB free for the report and the rank logs, found 64 KiB" in proc.stderr
+    assert "found it 64 KiB free, less than the 16 MiB the report and the rank logs need" in proc.stderr
     assert proc.stdout.strip() == "files:"  # nothing written, nothing left
 
 
@@ -157,7 +157,7 @@ def test_an_unreadable_report_is_kept_and_its_error_said(tmp_path):
     """Item 14: Report.load returned None on any error, and settle wrote a blank report over the evidence."""
     reports = tmp_path / "reports"
     (reports / "logs").mkdir(parents=True)
-    (reports / "report.json").write_text('{"schema": "stackproof.report/1", "checks": [{"nodeid": ')  # cut short
+    (reports / "report.json").write_text('{"schema": "stackproof.report/2", "checks": [{"nodeid": ')  # cut short
     proc = run("verdict", "--reports", reports, "--launcher-exit", "1")
     assert proc.returncode == Exit.INCOMPLETE, proc.stdout + proc.stderr
     kept = reports / "report.unreadable.json"
@@ -199,11 +199,11 @@ except RankTimeout as err:
 
 def test_the_nodes_of_one_multi_node_run_share_a_folder_that_a_single_node_run_cannot_take(tmp_path):
     from stackproof.errors import ConfigError
-    from stackproof.run import settle as verdict
+    from stackproof.run import settle
 
-    node_a, node_b = verdict.claim(tmp_path, nnodes=2), verdict.claim(tmp_path, nnodes=2)
+    node_a, node_b = settle.claim(tmp_path, nnodes=2), settle.claim(tmp_path, nnodes=2)
     with pytest.raises(ConfigError, match=r"found .*\(node of a 2-node run\).* writing there"):
-        verdict.claim(tmp_path, nnodes=1)
+        settle.claim(tmp_path, nnodes=1)
     node_a.release()
     node_b.release()
-    verdict.claim(tmp_path, nnodes=1).release()
+    settle.claim(tmp_path, nnodes=1).release()

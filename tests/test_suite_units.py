@@ -88,7 +88,7 @@ def test_report_json_junit_and_table_agree_on_the_verdict(tmp_path):
               hint="drain the node", failed_ranks=[1]),
         Check("test_02_gpus.py::test_every_gpu_computes", "skipped", message="needs a CUDA GPU")])
     data = json.loads(report.write(tmp_path).read_text())
-    assert (data["schema"], data["verdict"], data["exit_code"]) == ("stackproof.report/1", "FAILED", 1)
+    assert (data["schema"], data["verdict"], data["exit_code"]) == ("stackproof.report/2", "FAILED", 1)
     assert data["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "planned": 3, "not_run": 0}
     assert data["checks"][0]["figures"] == {"busbw": {"value": 343.9, "unit": "GB/s"}}
     table = report.table().splitlines()
@@ -122,11 +122,10 @@ IDENTITIES = [{"rank": r, "node": f"n{1 + r // 4}", "host": f"n{1 + r // 4}", "n
 def test_the_report_names_the_node_and_gpu_of_a_failing_rank(tmp_path):
     report = _finished([Check("test_04_collectives.py::test_barrier"),
                         Check("test_04_collectives.py::test_all_reduce[sum-float32]", "failed", message="wrong",
-                              failed_ranks=[6], category="interconnect", severity="triage")], IDENTITIES)
+                              failed_ranks=[6])], IDENTITIES)
     nodes = {n["node"]: n for n in report.nodes()}
     assert nodes["n1"]["verdict"] == "PASS" and nodes["n2"]["verdict"] == "FAIL"
-    assert nodes["n2"]["failed_checks"] == [{"check": "collectives::all_reduce[sum-float32]", "ranks": [6],
-                                             "category": "interconnect", "severity": "triage"}]
+    assert nodes["n2"]["failed_checks"] == [{"check": "collectives::all_reduce[sum-float32]", "ranks": [6]}]
     assert [g["uuid"] for g in nodes["n2"]["gpus"]] == ["GPU-4", "GPU-5", "GPU-6", "GPU-7"]
     table = report.table()
     assert "rank 6 on n2 (GPU 2, GPU-6, serial S6, PCI 0000:06:00.0)" in table

@@ -55,7 +55,7 @@ def test_whole_suite_passes_on_cpu_ranks(tmp_path, nproc):
     assert_stdout_is_the_contract(proc.stdout, "OK")
     assert (tmp_path / "reports" / "logs" / f"rank{nproc - 1}.log").exists()
     assert "passed" in (tmp_path / "reports" / "logs" / "rank0.log").read_text()  # pytest's own words go there
-    assert report["schema"] == "stackproof.report/1" and report["stackproof"] and report["created"]
+    assert report["schema"] == "stackproof.report/2" and report["stackproof"] and report["created"]
     assert report["settings"]["nproc"] == nproc and report["world"]["size"] == nproc
     assert [r["rank"] for r in report["ranks"]] == list(range(nproc)) and len(report["nodes"]) == 1
     busbw = checks(report, "skipped")["bandwidth::all_reduce_busbw"]

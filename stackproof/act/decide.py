@@ -1,45 +1,37 @@
-"""The decision: which nodes of a run are drained, alerted on or only reported, with the reason a person reads.
+"""The decision: what is done to each node of a run, from the run record's findings (report/record.py).
 
-Each failed check on a node maps through the policy table (policy.py) by its category and severity; the node
-gets the strongest action among its failed checks. A failure no check classified alerts, never drains. Other
-outcomes act on nothing, because they say nothing about the machine, except where the machine is proven at fault:
-  - 2 bad input: stackproof's own flags, settings, matrix or lock were wrong; nothing ran.
-  - 3 no GPU visible: drained (policy.GPUS_MISSING) when the scheduler allocated GPUs on the node
-    (SLURM_GPUS_ON_NODE) or its PCI bus shows NVIDIA GPUs (healthcheck reads it); otherwise a launch that gave
-    the container no GPU looks the same as a dead driver, so nothing acts.
-  - 4 the run did not complete: drained (policy.GPU_HANG) when the watchdog pinned the stall on one rank that
-    drives a GPU; a rank that died, --run-timeout, or a stall of several ranks names no machine.
-  - 5 interrupted: the run was stopped (Ctrl-C, SIGTERM, scancel) before every check ran.
-A report that cannot be read, is of another schema, or is older than the run that asked (a stale file left in
-the folder) acts on nothing either.
+Every finding names its node: the rank that made it stamped it, or the launcher did (a GPU lost at pre-flight,
+GPUs missing, a hang pinned on one GPU). A node's action is the strongest the policy table (policy.py) gives over
+its own findings, and its reason leads with the finding that decided it. A node without findings passes, whatever
+other nodes found. Outcomes without a finding act on nothing, because they say nothing about a machine: bad input
+(2), an interruption (5), a run that did not complete and names nobody (a rank that died, --run-timeout). Nor is
+a record acted on that is older than the run that asked, says another exit code than the run returned, or comes
+from a run with --inject-fault (a demonstration, not a fault of the machine).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
-from typing import Any
 
 from stackproof.act import policy
-from stackproof.errors import ConfigError, Exit
-from stackproof.report.record import REPORT_FILE, SCHEMA
+from stackproof.errors import Exit
+from stackproof.judge.findings import Finding
+from stackproof.report.record import Report
 
 PASS = "pass"
 PREFIX = "stackproof:"
 # Slurm documents no limit on a node's reason, but `sinfo -R` and `scontrol show node` print it on one line:
 # keep it readable there. Kubernetes label values are at most 63 characters (the verdict label is pass/fail).
 REASON_MAX = 120
-# report.json's context["reason"] for GPUs the scheduler allocated (run/visibility.py's expected_gpus).
-SCHEDULER_GPUS = "SLURM_GPUS_ON_NODE="
+NOT_ACTED_ON = (Exit.USAGE, Exit.INTERRUPTED)  # these outcomes say nothing about the machine
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeAction:
     node: str
     action: str  # PASS, or policy.DRAIN / ALERT / REPORT
-    reason: str = ""  # "stackproof: <check> <gpu>", within REASON_MAX
-    checks: tuple[str, ...] = ()
+    reason: str = ""  # "stackproof: <check> <where> (+N more)", within REASON_MAX
+    findings: tuple[Finding, ...] = ()  # strongest first
     held: str = ""  # why a drain the policy asked for was not done (the circuit breaker, --max-nodes)
 
     @property
@@ -50,6 +42,10 @@ class NodeAction:
     def drain(self) -> bool:
         return self.action == policy.DRAIN
 
+    @property
+    def checks(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f.source or f.check for f in self.findings))
+
     def words(self) -> str:
         held = f" (drain withheld: {self.held})" if self.held else ""
         return f"{self.node}: {self.action}{held}: {self.reason}"
@@ -58,7 +54,7 @@ class NodeAction:
 @dataclasses.dataclass(frozen=True)
 class Decision:
     exit_code: Exit
-    message: str  # the run's own one-sentence why (report.json's `message`)
+    message: str  # the run's own one-sentence why (the record's message)
     actions: tuple[NodeAction, ...] = ()
     withheld: str = ""  # why nothing is acted on, when the run's outcome acts on nothing
 
@@ -85,53 +81,33 @@ class Decision:
         return "; ".join(f"{name}: {', '.join(nodes)}" for name, nodes in by_action.items() if nodes)
 
 
-def load(reports_dir: Path) -> dict[str, Any]:
-    path = reports_dir / REPORT_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: expected a finished run's report, found no file; fix: point --reports at the "
-                          "folder `stackproof validate --reports DIR` wrote") from None
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{path}: expected report.json ({SCHEMA}), could not read it ({err}); fix: re-run the "
-                          "validation") from None
-
-
-def decide(report: dict[str, Any], *, exit_code: int | None = None, not_before: str | None = None,
-           max_nodes: int | None = None, node: str | None = None, gpus_on_pci: int = 0) -> Decision:
-    """`exit_code`: what the run that just ended returned, when the caller saw it (healthcheck); `not_before`: the
-    ISO time that run started, so that a report left by an earlier run is never acted on; `node`: the node the
-    run was on, for outcomes whose report names none (exit 3); `gpus_on_pci`: NVIDIA GPUs its PCI bus shows."""
-    code = _exit(report.get("exit_code"))
-    message = str(report.get("message", ""))
-    if report.get("schema") != SCHEMA:
-        return Decision(code or Exit.USAGE, message, withheld=f"report schema {report.get('schema')!r}, expected "
-                                                                f"{SCHEMA!r}: this stackproof cannot read it")
-    if exit_code is not None and code != exit_code:
-        return Decision(_exit(exit_code) or Exit.USAGE, message,
-                        withheld=f"the run exited {exit_code} but its report.json says {report.get('exit_code')} "
-                                 f"(a report of another run?)")
-    if not_before and str(report.get("started", "")) < not_before:
-        return Decision(code or Exit.USAGE, message, withheld=f"report.json was started at {report.get('started')}, "
-                                                              f"before this run ({not_before}): a stale report")
-    nodes = report.get("nodes") or ([{"node": node, "ranks": [], "failed_checks": []}] if node else [])
+def decide(record: Report, *, exit_code: int | None = None, not_before: float | None = None,
+           max_nodes: int | None = None, node: str | None = None) -> Decision:
+    """`exit_code`: what the run that just ended returned, when the caller saw it (healthcheck); `not_before`: when
+    that run started (epoch seconds), so that a record left by an earlier run is never acted on; `node`: the node
+    the run was on, for findings that name none."""
+    code, message = record.exit_code, record.message
+    if exit_code is not None and int(code) != exit_code:
+        return Decision(_exit(exit_code), message, withheld=f"the run exited {exit_code} but its record says "
+                                                             f"{int(code)} (a record of another run?)")
+    if not_before is not None and record.started < not_before - 1:
+        return Decision(code, message, withheld="the record was started before this run: a stale report")
+    if record.settings.get("inject_fault"):
+        return Decision(code, message, withheld=f"the run injected a fault on purpose (--inject-fault "
+                                                f"{record.settings['inject_fault']}): a demonstration, not a fault "
+                                                "of the machine")
+    names = list(dict.fromkeys(r["node"] for r in record.ranks))
     if code == Exit.OK:
-        return Decision(code, message, actions=tuple(NodeAction(n["node"], PASS) for n in nodes))
-    if code == Exit.NO_GPU:
-        return _no_gpu(report, message, node, gpus_on_pci)
-    if code == Exit.INCOMPLETE:
-        nodes = _hang_pinned(report, nodes)
-    elif code == Exit.FAILED and not any(n.get("verdict") == "FAIL" for n in nodes) and len(nodes) == 1:
-        # One node, and a failed check that names no rank: the check was about this node as a whole.
-        nodes = [{**nodes[0], "verdict": "FAIL", "failed_checks": [
-            {"check": c["name"], "ranks": [], "category": c.get("category", ""), "severity": c.get("severity", "")}
-            for c in report.get("checks", []) if c.get("outcome") == "failed"]}]
-    if code not in (Exit.FAILED, Exit.INCOMPLETE) or not any(n.get("verdict") == "FAIL" for n in nodes):
-        meaning = code.meaning if code is not None else "unknown"
-        why = ("a check failed, but it names no node (fix: see the report's failed checks)" if code == Exit.FAILED
-               else f"exit code {report.get('exit_code')} ({meaning}) names no machine at fault")
-        return Decision(code or Exit.USAGE, message, withheld=why)
-    decision = Decision(code, message, actions=tuple(_action(n, report.get("ranks", [])) for n in nodes))
+        return Decision(code, message, actions=tuple(NodeAction(n, PASS) for n in names))
+    if code in NOT_ACTED_ON:
+        return Decision(code, message, withheld=f"exit code {int(code)} ({code.meaning}) says nothing about the "
+                                                "machine")
+    by_node = by_node_of(record.all_findings(), names, node)
+    if not by_node:
+        return Decision(code, message, withheld=f"exit code {int(code)} ({code.meaning}) with no finding that "
+                                                "names a machine at fault (fix: see the report's failed checks)")
+    actions = tuple(node_action(n, by_node.get(n, [])) for n in dict.fromkeys([*names, *by_node]))
+    decision = Decision(code, message, actions=actions)
     if max_nodes is not None and len(decision.drains) > max_nodes:
         drained = [a.node for a in decision.drains]
         return decision.hold_drains(f"{len(drained)} nodes to drain ({', '.join(drained)}), more than --max-nodes "
@@ -139,82 +115,41 @@ def decide(report: dict[str, Any], *, exit_code: int | None = None, not_before: 
     return decision
 
 
-def _exit(value: Any) -> Exit | None:
+def by_node_of(findings: list[Finding], names: list[str], node: str | None) -> dict[str, list[Finding]]:
+    """The findings of each node. One that names no node is the run's only node's, or `node`'s (the node this
+    command runs on); with several nodes and none given, it stays unplaced and acts on nothing."""
+    fallback = node or (names[0] if len(names) == 1 else None)
+    grouped: dict[str, dict[tuple, Finding]] = {}
+    for finding in findings:
+        where = finding.node or fallback
+        if where:  # the same finding from several ranks of the node (each reads the node's GPUs) counts once
+            same = (finding.gpu_index, finding.check, finding.found, finding.category)
+            kept = grouped.setdefault(where, {})
+            if same not in kept or (finding.pci_bus_id and not kept[same].pci_bus_id):
+                kept[same] = finding
+    return {where: list(found.values()) for where, found in grouped.items()}
+
+
+def node_action(node: str, findings: list[Finding]) -> NodeAction:
+    if not findings:
+        return NodeAction(node, PASS)
+    ranked = policy.strongest_first(findings)
+    first = ranked[0]
+    where = first.where()
+    more = f" (+{len(ranked) - 1} more)" if len(ranked) > 1 else ""
+    what = first.source or first.check
+    reason = fit(f"{PREFIX} {what}{'' if where == 'node' else ' ' + where}{more}")
+    return NodeAction(node, policy.of(first), reason, tuple(ranked))
+
+
+def _exit(value: int) -> Exit:
     try:
-        return Exit(int(value))
-    except (TypeError, ValueError):
-        return None
-
-
-def _no_gpu(report: dict[str, Any], message: str, node: str | None, gpus_on_pci: int) -> Decision:
-    context = report.get("context", {})
-    why = str(context.get("reason", ""))
-    if why.startswith(SCHEDULER_GPUS):
-        evidence = f"no GPU visible, {why.split(' ')[0]}"
-    elif gpus_on_pci > 0:
-        evidence = f"no GPU visible, {gpus_on_pci} NVIDIA GPU(s) on the PCI bus"
-    else:
-        return Decision(Exit.NO_GPU, message, withheld=f"exit code 3 ({Exit.NO_GPU.meaning}) with GPUs expected "
-                                                       f"from {why or 'the settings'}, not from the scheduler or "
-                                                       "the PCI bus: the launch, not the node, may be at fault")
-    if not node:
-        return Decision(Exit.NO_GPU, message, withheld=f"{evidence}, but the report names no node (fix: --node)")
-    category, severity = policy.GPUS_MISSING
-    return Decision(Exit.NO_GPU, message, actions=(
-        NodeAction(node, policy.action(category, severity), fit(f"{PREFIX} {evidence}"), ("gpus-missing",)),))
-
-
-def _hang_pinned(report: dict[str, Any], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Exit 4: the check the watchdog stopped (its message is the run's) is judged as a hang, whatever its own
-    class: one stalled rank that drives a GPU is a GPU hang (hardware); any other stall names no machine. Checks
-    that failed before it keep their class."""
-    gpu_ranks = {r.get("rank") for r in report.get("ranks", []) if r.get("gpu")}
-    stopped = {c["name"]: c.get("failed_ranks", []) for c in report.get("checks", [])
-               if c.get("outcome") == "failed" and c.get("message") == report.get("message")}
-    pinned = []
-    for node in nodes:
-        checks = []
-        for failed in node.get("failed_checks", []):
-            if failed["check"] in stopped:
-                stalled = stopped[failed["check"]]  # over the whole run, not this node's share
-                one_gpu = len(stalled) == 1 and stalled[0] in gpu_ranks
-                category, severity = policy.GPU_HANG if one_gpu else ("", "")
-                failed = {**failed, "category": category, "severity": severity}
-            checks.append(failed)
-        pinned.append({**node, "failed_checks": checks})
-    return pinned
-
-
-def _action(node: dict[str, Any], ranks: list[dict[str, Any]]) -> NodeAction:
-    failed = node.get("failed_checks", [])
-    if node.get("verdict") != "FAIL":
-        return NodeAction(node["node"], PASS)
-    if not failed:
-        return NodeAction(node["node"], policy.UNCLASSIFIED, fit(f"{PREFIX} a check failed"))
-    actions = [policy.action(f.get("category", ""), f.get("severity", "")) for f in failed]
-    strongest = policy.strongest(actions)
-    first = failed[actions.index(strongest)]
-    where = _gpu_words(first.get("ranks", []), ranks)
-    more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
-    return NodeAction(node["node"], strongest, fit(f"{PREFIX} {first['check']}{(' ' + where) if where else ''}{more}"),
-                      tuple(f["check"] for f in failed))
-
-
-def _gpu_words(failed_ranks: list[int], ranks: list[dict[str, Any]]) -> str:
-    """'GPU 3 PCI 0000:19:00.0' for the first failing rank on a GPU, 'rank 6' on CPU ranks."""
-    by_rank = {r.get("rank"): r for r in ranks}
-    words = []
-    for rank in failed_ranks[:2]:
-        gpu = (by_rank.get(rank) or {}).get("gpu")
-        if gpu:
-            words.append(" ".join(x for x in (f"GPU {gpu.get('index')}",
-                                              f"PCI {gpu['pci_bus_id']}" if gpu.get("pci_bus_id") else "") if x))
-        else:
-            words.append(f"rank {rank}")
-    return ", ".join(words) + (f" +{len(failed_ranks) - 2}" if len(failed_ranks) > 2 else "")
+        return Exit(value)
+    except ValueError:
+        return Exit.INCOMPLETE
 
 
 def fit(reason: str, limit: int = REASON_MAX) -> str:
-    """One line, within `limit` characters (cut with '...')."""
-    line = " ".join(reason.split())
+    """One line, within `limit` characters (cut with '...'); no '|' (the breaker's sinfo output separator)."""
+    line = " ".join(reason.replace("|", "/").split())
     return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."

@@ -42,9 +42,6 @@ TABLE: dict[tuple[str, str], str] = {
 }
 UNCLASSIFIED = ALERT  # a check that did not say what its failure means never drains
 
-# Outcomes other than a failed check that are still the machine's fault, and how they are classified.
-GPUS_MISSING = ("gpu-hardware", "isolate")  # exit 3, where the scheduler or the PCI bus says GPUs are there
-GPU_HANG = ("gpu-hardware", "reset")  # exit 4, the watchdog named one rank, and it drives one GPU
 
 
 def action(category: str, severity: str) -> str:

@@ -5,17 +5,21 @@ action and performs it through the scheduler's tool, on every node even when one
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import os
 import shlex
 import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import IO
 
 from stackproof.act import breaker, decide, hardware, kubernetes, policy, slurm, tool
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
-from stackproof.measure.identity import NODE_NAME_ENV, node_name
+from stackproof.measure.identity import node_name
 from stackproof.measure.topology import NvmlUnavailable, nvidia_gpus_on_bus
+from stackproof.report.record import Report
+from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
 from stackproof.tools import run_tool
 
@@ -43,6 +47,9 @@ def act(decision: decide.Decision, settings: ActConfig, out: IO[str]) -> tuple[d
     say = _say(out)
     if decision.drains and scheduler:
         decision = _circuit_breaker(decision, settings, scheduler, say)
+    elif decision.drains:  # --scheduler none: no fleet to count, but the cap still holds for this run's nodes
+        nodes = frozenset(a.node for a in decision.actions)
+        decision = breaker.hold(decision, breaker.Fleet(nodes, frozenset()), settings.max_drained)
     say(decision.summary())
     failures = []
     for action in decision.actions:
@@ -79,11 +86,18 @@ def _circuit_breaker(decision: decide.Decision, settings: ActConfig, scheduler, 
     return breaker.hold(decision, fleet, settings.max_drained)
 
 
-def act_on_reports(reports_dir, settings: ActConfig, out: IO[str]) -> int:
+def act_on_reports(reports_dir: Path, settings: ActConfig, out: IO[str]) -> int:
     """`stackproof act --reports DIR`: a finished (multi-node) run. Exit 0 when done as the policy says (acting or
-    not); 2 when the report cannot be read or any node's action failed (every node is still tried)."""
-    decision = decide.decide(decide.load(reports_dir), max_nodes=settings.max_nodes, node=settings.node)
+    not); 2 when the record cannot be read (another schema, another shape), --node names no node of it, or any
+    node's action failed (every node is still tried)."""
+    record = Report.read(reports_dir)
+    decision = decide.decide(record, max_nodes=settings.max_nodes)
     if settings.node:
+        known = [a.node for a in decision.actions] or list(dict.fromkeys(r["node"] for r in record.ranks))
+        if settings.node not in known:
+            raise ConfigError(f"--node {settings.node}: expected a node of the run in {reports_dir}, found only "
+                              f"{', '.join(known) or 'no node'}; fix: pass one of those names, or leave --node out "
+                              "to act on every node of the report")
         decision = dataclasses.replace(decision, actions=tuple(a for a in decision.actions if a.node == settings.node))
     _, failures = act(decision, settings, out)
     return tool.ActError.exit_code if failures else Exit.OK
@@ -107,66 +121,85 @@ def as_launcher(env: dict[str, str] | os._Environ = os.environ) -> list[str]:
     return names
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What healthcheck expects of this node, before anything runs: the settings its ranks get, and why."""
+    node: str
+    validate: ValidateConfig
+    said: tuple[str, ...] = ()
+    nothing_to_check: bool = False
+
+
+def plan(validate_settings: ValidateConfig, settings: ActConfig, env: dict[str, str] | os._Environ,
+         bus: list[str] | None, use: list[hardware.GpuUse] | str | None = None) -> Plan:
+    """A pure function of the flags, the environment, the PCI bus (`bus`: NVIDIA GPUs there) and, with
+    --skip-busy-gpus, NVML's GPU use (`use`: None when not asked, a string when NVML could not say)."""
+    said = []
+    # One name for this node: --node, else --node-name / STACKPROOF_NODE_NAME, else the scheduler's, else the host's.
+    node = settings.node or validate_settings.node_name or node_name(env)
+    changes: dict[str, object] = {"node_name": node}
+    # How many GPUs to expect is run/visibility.py's (the flag, the scheduler, the launch, else the PCI bus); only
+    # --skip-busy-gpus takes the busy ones off what the bus says.
+    expect = validate_settings.expect_gpus
+    if expect is None and bus and not any(env.get(k) for k in GPU_REQUESTS):
+        expect = len(bus)
+    if isinstance(use, str):
+        said.append(f"--skip-busy-gpus: {use}; no GPU skipped")
+    elif use is not None:
+        idle = hardware.idle_plan(use, expect)
+        if idle.words:
+            said.append(idle.words)
+        if idle.nothing_idle:
+            return Plan(node, validate_settings, tuple(said), nothing_to_check=True)
+        if idle.cuda_visible_devices is not None:
+            changes["visible_devices"] = idle.cuda_visible_devices
+            changes["expect_gpus"] = idle.expect_gpus
+    return Plan(node, dataclasses.replace(validate_settings, **changes), tuple(said))
+
+
 def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[str]) -> int:
     """Validate this node, then act on what the run found. The scheduler's contract: exit 1 only when this node
     is taken out of service (drained / tainted, or would be with --scheduler none); every other outcome (a pass,
     an alert, a withheld drain, a tool error, bad input) exits 0 with the reason on `out`."""
-    from stackproof.run.launcher import validate
+    from stackproof.run.launcher import launch
 
+    say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
     forgot = as_launcher()
     if forgot:
-        print(f"# stackproof healthcheck: runs as this node's launcher, not as a rank: ignoring {', '.join(forgot)}",
-              file=out, flush=True)
-    if settings.node:
-        # The ranks are other processes: they learn the node's scheduler name the way pods do (identity.py).
-        os.environ[NODE_NAME_ENV[0]] = settings.node
-    on_pci = len(nvidia_gpus_on_bus() or [])
-    if on_pci and validate_settings.expect_gpus is None and not any(os.environ.get(k) for k in GPU_REQUESTS):
-        # Nothing says how many GPUs this node should show: its PCI bus does (else a node whose driver lost
-        # every GPU would pass on CPU).
-        print(f"# stackproof healthcheck: --expect-gpus {on_pci}, the NVIDIA GPUs on the PCI bus", file=out,
-              flush=True)
-        validate_settings = dataclasses.replace(validate_settings, expect_gpus=on_pci)
+        say(f"runs as this node's launcher, not as a rank: ignoring {', '.join(forgot)}")
+    use: list[hardware.GpuUse] | str | None = None
     if settings.skip_busy_gpus:
-        validate_settings = _leave_busy_gpus(validate_settings, out)
-        if validate_settings is None:
-            return _contract("validate not run", None, out)
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+        try:
+            use = hardware.gpu_use() or "NVML cannot answer"
+        except NvmlUnavailable as err:
+            use = str(err)
+    the_plan = plan(validate_settings, settings, os.environ, nvidia_gpus_on_bus(validate_settings.pci_devices), use)
+    for line in the_plan.said:
+        say(line)
+    if the_plan.nothing_to_check:
+        return _contract("validate not run", None, out)
+    run_settings = _writable_reports(the_plan.validate, say)
+    started = time.time()
     try:
-        code = validate(validate_settings)
+        record = launch(run_settings)
     except ConfigError as err:
         return bad_input(err, out)
-    outcome = f"validate exit {int(code)} ({Exit(code).meaning if code in iter(Exit) else 'unknown'})"
-    try:
-        report = decide.load(validate_settings.reports_dir)
-    except ConfigError as err:
-        print(f"# stackproof act: not acted on: {err}", file=out, flush=True)
-        return _contract(outcome, None, out)
-    decision = decide.decide(report, exit_code=int(code), not_before=started, max_nodes=settings.max_nodes,
-                             node=settings.node or node_name(), gpus_on_pci=on_pci)
+    outcome = f"validate exit {int(record.exit_code)} ({record.exit_code.meaning})"
+    decision = decide.decide(record, not_before=started, max_nodes=settings.max_nodes, node=the_plan.node)
     done, _failures = act(decision, settings, out)
     return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)
 
 
-def _leave_busy_gpus(validate_settings: ValidateConfig, out: IO[str]) -> ValidateConfig | None:
-    """--skip-busy-gpus: the settings for the idle GPUs only (CUDA_VISIBLE_DEVICES, --expect-gpus), or None when
-    every GPU is in use."""
-    say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
-    try:
-        use = hardware.gpu_use()
-    except NvmlUnavailable as err:
-        use = None
-        say(f"{err}: no GPU skipped")
-    if use is None:
+def _writable_reports(validate_settings: ValidateConfig, say) -> ValidateConfig:
+    """A reports folder that cannot take the run (read-only, full) must not keep a broken node in service: the
+    run goes to a private folder instead, and says so."""
+    problem = settle.unwritable(validate_settings.reports_dir)
+    if problem is None:
         return validate_settings
-    plan = hardware.idle_plan(use, validate_settings.expect_gpus)
-    if plan.words:
-        say(plan.words)
-    if plan.nothing_idle:
-        return None
-    if plan.cuda_visible_devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = plan.cuda_visible_devices
-    return dataclasses.replace(validate_settings, expect_gpus=plan.expect_gpus)
+    private = tempfile.mkdtemp(prefix="stackproof-healthcheck-")
+    say(f"the reports folder could not be written ({problem}): this run's report is in {private}; fix: make "
+        f"--reports {validate_settings.reports} writable, with room")
+    return dataclasses.replace(validate_settings, reports=private)
 
 
 def _contract(outcome: str, done: decide.Decision | None, out: IO[str], dry_run: bool = False) -> int:

@@ -52,9 +52,9 @@ class Finding:
                              f"got {self.category!r}, {self.severity!r}")
 
     def where(self) -> str:
-        """'GPU 3 GPU-8c1e... PCI 0000:19:00.0', 'rank 6' (a CPU rank), or 'node'."""
+        """'GPU 3 GPU-8c1e... PCI 0000:19:00.0', 'rank 6' (found by a rank without a GPU of its own), or 'node'."""
         if self.gpu_index is None:
-            return f"rank {self.rank}" if self.rank is not None and self.category == "tool-error" else "node"
+            return f"rank {self.rank}" if self.rank is not None else "node"
         return " ".join(x for x in (f"GPU {self.gpu_index}", self.uuid if self.uuid != "n/a" else "",
                                     f"PCI {self.pci_bus_id}" if self.pci_bus_id else "") if x)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stackproof.judge.bars import nvlinks_expected, pcie_expected
-from stackproof.judge.findings import RESET, RMA, Finding
+from stackproof.judge.findings import RESET, RMA, Finding, tool_error
 
 if TYPE_CHECKING:
     from stackproof.measure.topology import Gpu
@@ -85,3 +85,33 @@ def missing_from_the_bus(addresses: list[str], nvml_sees: int) -> list[Finding]:
                     f"on the bus, not among the {nvml_sees} GPU(s) NVML shows", "gpu-hardware", "isolate",
                     "drain the node; check the kernel log for Xid 79 / NVRM errors on this address and "
                     "nvidia-smi; reboot; if it stays missing, " + RMA) for address in addresses]
+
+
+GPUS_MISSING = ("gpu-hardware", "isolate")  # GPUs the scheduler allocated or the PCI bus shows, not visible
+GPU_HANG = ("gpu-hardware", "reset")  # the watchdog's stall of one rank that drives a GPU
+
+
+def no_gpu_visible(expected: int, why: str, proven_there: bool) -> Finding:
+    """No GPU visible where `expected` were asked for (`why`). `proven_there`: the scheduler allocated them or the
+    PCI bus shows them, so the machine lost them (drain); otherwise the launch may have given the container none,
+    which is the operator's to fix (alert)."""
+    found, check = f"no GPU visible ({why})", f"no GPU visible, {why.split(' (')[0]}"
+    if proven_there:
+        return Finding(None, "n/a", check, f">= {expected} GPU(s)", found, *GPUS_MISSING,
+                       "the GPUs are there but neither NVML nor CUDA reaches them: drain the node, check the "
+                       "kernel log for Xid 79 / NVRM errors and nvidia-smi, reboot; if they stay missing, " + RMA)
+    return Finding(None, "n/a", check, f">= {expected} GPU(s)", found, "configuration", "triage",
+                   "give the container its GPUs (docker run --gpus all, or CDI; Kubernetes: an nvidia.com/gpu "
+                   "limit; Slurm: gres.conf), or validate on CPU on purpose with --expect-gpus 0")
+
+
+def stalled(check: str, message: str, ranks: list[int], gpus: dict[int, dict]) -> Finding:
+    """The watchdog's stall of `ranks` in `check`. One stalled rank that drives a GPU (`gpus`: rank -> its GPU) is
+    that GPU hung (a reset clears it); any other stall names no machine: the tool's timeout."""
+    if len(ranks) == 1 and gpus.get(ranks[0]):
+        gpu = gpus[ranks[0]]
+        return Finding(gpu.get("index"), str(gpu.get("uuid", "")), check, "every rank to finish the check",
+                       message, *GPU_HANG, RESET, rank=ranks[0],
+                       pci_bus_id=str(gpu.get("pci_bus_id") or ""))
+    return tool_error(check, message, "no single GPU is pinned: see every rank's stacks in the reports folder's "
+                                      "logs/ (a slow filesystem, a starved CPU, or a hung collective)")

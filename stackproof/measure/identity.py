@@ -38,11 +38,13 @@ def node_name(env: dict[str, str] | os._Environ = os.environ) -> str:
     return next((env[name] for name in NODE_NAME_ENV if env.get(name)), socket.gethostname())
 
 
-def of_this_rank(rank: int, node_rank: int, local_rank: int, device_index: int | None) -> RankIdentity:
+def of_this_rank(rank: int, node_rank: int, local_rank: int, device_index: int | None,
+                 node: str | None = None) -> RankIdentity:
+    """`node`: the node's name as the settings give it (--node-name), else node_name()'s."""
     gpu, problem = None, ""
     if device_index is not None:
         gpu, problem = _gpu(device_index)
-    return RankIdentity(rank, node_name(), socket.gethostname(), node_rank, local_rank, gpu, problem)
+    return RankIdentity(rank, node or node_name(), socket.gethostname(), node_rank, local_rank, gpu, problem)
 
 
 def _gpu(device_index: int) -> tuple[dict[str, Any] | None, str]:

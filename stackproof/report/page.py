@@ -16,7 +16,10 @@ from stackproof import __version__, files
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge import baseline
 from stackproof.report import fleet, nccl_tests
+from stackproof.report.attestation import read_record, record_line
 from stackproof.report.record import REPORT_FILE, read_report
+
+ATTESTATION = "_attestation"  # the page's own key for the record `stackproof attest` left beside a report
 
 VERDICT_ORDER = ("OK", "INTERRUPTED", "FAILED")
 # Beyond this many runs (a fleet, one report per node) the page draws the node maps instead of a chart per run and
@@ -46,6 +49,9 @@ def _e(value: Any) -> str:
 def load(path: Path) -> tuple[str, dict[str, Any]]:
     """(the label of the run, its report.json); another schema is refused, exit 2."""
     data = read_report(path)
+    attested = read_record(path if path.is_dir() else path.parent)  # stackproof attest's, beside report.json
+    if attested:
+        data = {**data, ATTESTATION: attested}
     nodes = ",".join(n.get("node", "?") for n in data.get("nodes", [])) or "?"
     return f"{nodes} {data.get('started', '')[:19]}", data
 
@@ -265,6 +271,8 @@ def render(runs: list[tuple[str, dict[str, Any]]],
     "at least one run did not pass")})</div>
 {_summary(runs)}
 {_missing(list(missing))}
+{"".join(f'<p class="attestation">{_e(label)}: {_e(record_line(r[ATTESTATION]))}</p>' for label, r in runs
+         if r.get(ATTESTATION))}
 {maps}
 <h2>Failing checks</h2>
 {_failing(runs)}

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stackproof import __version__, files
+from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.judge import verdict as promise
 from stackproof.judge.findings import Finding
@@ -45,16 +45,41 @@ class ReportUnwritable(StackproofError):
     exit_code = Exit.INCOMPLETE
 
 
+# The fields every reader relies on, and their JSON types: a report.json of another shape is refused at the door.
+SHAPE: dict[str, type | tuple[type, ...]] = {"exit_code": int, "settings": dict, "ranks": list, "nodes": list,
+                                             "checks": list, "findings": list}
+
+
 def read_report(path: Path) -> dict[str, Any]:
-    """A finished run's report.json (or the reports folder holding one), of this schema; anything else: exit 2."""
+    """A finished run's report.json (or the reports folder holding one), of this schema and shape; anything else:
+    exit 2 with the fix. The one door every reader of report.json goes through (act, spec, baseline, report)."""
     path = path / REPORT_FILE if path.is_dir() else path
-    data = files.read_json(path, "a stackproof report.json", "name a report.json written by `stackproof "
-                           "validate`, or the reports folder that holds one (its --reports)")
+    fix = "fix: give report.json files written by `stackproof validate` of this stackproof (re-run it)"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: expected a finished run's report.json, found no such file; fix: point at the "
+                          "folder `stackproof validate --reports DIR` wrote, or its report.json") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path}: expected a stackproof report.json, found {getattr(err, 'strerror', None) or err}"
+                          f"; {fix}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ConfigError(f"{path}: field 'schema': expected {SCHEMA!r}, found {found!r}; fix: give report.json "
-                          "files written by `stackproof validate` of this schema")
+        found = data.get("schema") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise ConfigError(f"{path}: field 'schema': expected {SCHEMA!r}, found {found!r}; {fix}")
+    for name, kind in SHAPE.items():
+        if not isinstance(data.get(name), kind):
+            raise ConfigError(f"{path}: field {name!r}: expected a JSON {_json_kind(kind)}, found "
+                              f"{type(data.get(name)).__name__} {str(data.get(name))[:40]!r}; {fix}")
+    for field in ("nodes", "ranks"):
+        for entry in data[field]:
+            if not isinstance(entry, dict) or not isinstance(entry.get("node"), str) or not entry["node"]:
+                raise ConfigError(f"{path}: field {field!r}: expected entries each with a node name, found "
+                                  f"{str(entry)[:60]!r}; {fix}")
     return data
+
+
+def _json_kind(kind: type | tuple[type, ...]) -> str:
+    return {int: "number", dict: "object", list: "array", str: "string"}.get(kind, str(kind))  # type: ignore[call-overload]
 
 
 @dataclasses.dataclass
@@ -284,12 +309,25 @@ class Report:
         return report
 
     @classmethod
+    def read(cls, path: Path) -> Report:
+        """A finished run's record, through read_report's door (exit 2 with the fix for anything else)."""
+        data = read_report(path)
+        try:
+            return cls.from_json(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ConfigError(f"{path}: expected a stackproof report.json ({SCHEMA}), found a record that does not "
+                              f"load ({err}); fix: re-run `stackproof validate`") from None
+
+    @classmethod
     def load(cls, reports_dir: Path) -> Report | None:
         """The report in the folder; None when there is none; ReportUnreadable (with the real error) when there
         is one that cannot be read."""
         path = reports_dir / REPORT_FILE
         try:
-            return cls.from_json(json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+            if isinstance(data, dict) and data.get("schema") not in (SCHEMA, None):
+                read_report(path)  # another schema: exit 2 with the fix, the same words as every other reader
+            return cls.from_json(data)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:

@@ -1,6 +1,6 @@
 """torchrun, run in this process (torch.distributed.run), so that a rank that dies is known by number and
 exit code, not only from torchrun's log: `python -m stackproof.run.agent REPORTS_DIR [torchrun args]`.
-The launcher and scripts/torchrun start it; it records the failures in report.json (verdict.settle)."""
+The launcher and scripts/torchrun start it; it records the failures in report.json (settle.settle)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from stackproof.errors import Exit
-from stackproof.run import settle as verdict
+from stackproof.run import settle
 
 
 def main(argv: list[str]) -> int:
@@ -30,12 +30,12 @@ def main(argv: list[str]) -> int:
         return 128 + int(signum)
     except (RendezvousError, DistError, TimeoutError) as err:  # some node never joined: nothing ran here
         why = f"the rendezvous did not complete: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        report = verdict.settle(reports, launcher_exit=1, rendezvous=why)
+        report = settle.settle(reports, launcher_exit=1, rendezvous=why)
         return int(report.exit_code)
     except ChildFailedError as err:
         failures = [{"rank": rank, "local_rank": f.local_rank, "exitcode": f.exitcode, "pid": f.pid}
                     for rank, f in sorted(err.failures.items())]
-        return int(verdict.settle(reports, launcher_exit=1, failures=failures).exit_code) or Exit.INCOMPLETE
+        return int(settle.settle(reports, launcher_exit=1, failures=failures).exit_code) or Exit.INCOMPLETE
     return 0
 
 

@@ -21,6 +21,7 @@ from stackproof.settings import (
     flag_of,
     fraction,
     node_name,
+    not_blank,
     option,
     parse_bytes,
     positive,
@@ -115,6 +116,9 @@ class ValidateConfig(Settings):
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
+    image_ref: str | None = option(None, "the image this run is in, by digest (REPO@sha256:...), recorded in the "
+                                         "report for `stackproof attest` (make test-gpu passes the image's RepoDigest)",
+                                   metavar="REF", check=not_blank, env="STACKPROOF_IMAGE_REF")
     reports: str = option("reports", "where report.json, junit.xml and rank logs go; one run at a time per folder",
                           metavar="DIR", env=REPORTS_ENV, check=folder_problem)
     min_shm: int = option(1 << 30, "bytes /dev/shm must hold, for NCCL's shared-memory transport and DataLoader "
@@ -124,6 +128,10 @@ class ValidateConfig(Settings):
                                           "runtime pins with what the image's ENV declares (PYTORCH_VERSION, "
                                           "CUDA_VERSION, ...; stackproof's validation layer sets it)",
                                    env="STACKPROOF_EXPECT_DECLARED")
+    visible_devices: str | None = option(None, "check only these GPUs (indices or UUIDs, comma-separated, as "
+                                               "CUDA_VISIBLE_DEVICES; the launcher hands them to its ranks so); "
+                                               "default: every GPU this process sees", metavar="LIST",
+                                         check=not_blank)
     node_name: str | None = option(None, "this node's name in the report (what a drain or a taint names; default "
                                          "SLURMD_NODENAME, else the host name)", metavar="NAME", check=node_name,
                                    env=NODE_NAME_ENV)

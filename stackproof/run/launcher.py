@@ -1,5 +1,5 @@
 """`stackproof validate`: check the input, decide how many ranks, start them, and settle what they did into one
-verdict and exit code (verdict.py). Under torchrun or srun it is itself one rank and runs the suite directly.
+record and exit code (settle.py). Under torchrun or srun it is itself one rank and runs the suite directly.
 
 The launcher never imports torch: on one node it starts the ranks itself (stackproof/run/local_ranks.py) the moment
 the input is checked, so their torch imports are the run's only ones; across nodes each node's ranks come from
@@ -17,8 +17,7 @@ import time
 from stackproof.errors import ConfigError, Exit
 from stackproof.measure import pins, topology
 from stackproof.report.record import Report
-from stackproof.run import early_cuda, local_ranks, phases
-from stackproof.run import settle as verdict
+from stackproof.run import early_cuda, local_ranks, phases, settle
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
 from stackproof.run.visibility import hardware_verdict
@@ -50,6 +49,7 @@ def _check_selection(select: str | None) -> None:
 
 
 def validate(settings: ValidateConfig) -> int:
+    """`stackproof validate`: this process is a rank (started by torchrun or srun), or the launcher."""
     check_input(settings)
     if launched_by_a_launcher():
         adopt_slurm_env(os.environ)  # type: ignore[arg-type]
@@ -57,54 +57,43 @@ def validate(settings: ValidateConfig) -> int:
         from stackproof.run import worker  # imports torch
 
         return worker.run(settings)
+    return int(launch(settings).exit_code)
+
+
+def launch(settings: ValidateConfig) -> Report:
+    """Start this node's ranks and return the run's settled record (printed, and written to the reports folder)."""
+    check_input(settings)
     started = phases.process_started()
     inventory = topology.survey(settings.pci_devices)  # NVML only: no CUDA context, no torch
-    visible = (len(topology.visible(inventory, topology.cuda_visible_devices())) if inventory is not None
-               else gpus_without_nvml())
-    stop = hardware_verdict(settings, inventory, visible, sys.stdout)
-    if stop is not None:
-        return stop
+    chosen = settings.visible_devices or topology.cuda_visible_devices()
+    visible = (len(topology.visible(inventory, chosen)) if inventory is not None else gpus_without_nvml())
+    stopped = hardware_verdict(settings, inventory, visible, sys.stdout)
+    if stopped is not None:
+        return stopped
     nproc = visible or settings.nproc  # one rank per visible GPU
     settings.check_world(nproc * settings.nnodes)
-    held = verdict.prepare(settings.reports_dir, settings.nnodes)  # the folder is this run's until it is settled
+    held = settle.prepare(settings.reports_dir, settings.nnodes)  # the folder is this run's until it is settled
     try:
         print(f"# stackproof validate: {nproc} rank(s) on this node "
               f"({'NCCL, one per GPU' if visible else 'gloo, CPU'}) of {settings.nnodes} node(s), tier "
               f"{settings.tier}; reports: {settings.reports}", flush=True)
-        env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}"}
+        env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}",
+               **({"CUDA_VISIBLE_DEVICES": settings.visible_devices} if settings.visible_devices else {})}
         if settings.nnodes == 1 and not settings.rdzv_endpoint:
             outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc,
                                       env, settings.run_timeout)
-            _record_phase(settings, "ranks_exited")
-            if outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures):
-                _refused(settings, [f["rank"] for f in outcome.failures])
-            elif outcome.failures:
-                verdict.settle(settings.reports_dir, launcher_exit=outcome.exit_code, failures=outcome.failures)
-            rc, interrupted, timed_out = outcome.exit_code, outcome.interrupted, outcome.timed_out
-        else:
-            rc, interrupted, timed_out = _torchrun(settings, nproc, env)
-        return verdict.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
-                                timed_out_s=settings.run_timeout if timed_out else None)
+            refused = outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures)
+            return settle.conclude(settings.reports_dir, sys.stdout, launcher_exit=outcome.exit_code,
+                                   failures=None if refused else outcome.failures,
+                                   refused=[f["rank"] for f in outcome.failures] if refused else None,
+                                   interrupted=outcome.interrupted,
+                                   timed_out_s=settings.run_timeout if outcome.timed_out else None,
+                                   phases={"ranks_exited": time.time()})
+        rc, interrupted, timed_out = _torchrun(settings, nproc, env)
+        return settle.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
+                               timed_out_s=settings.run_timeout if timed_out else None)
     finally:
         held.release()
-
-
-def _record_phase(settings: ValidateConfig, name: str) -> None:
-    """A step only the launcher sees (its ranks' exit: the CUDA/NCCL teardown ends there), into report.json."""
-    report = Report.load(settings.reports_dir)
-    if report is not None:
-        report.context.setdefault("phases", {})[name] = time.time()
-        report.write(settings.reports_dir)
-
-
-def _refused(settings: ValidateConfig, ranks: list[int]) -> None:
-    """Ranks that exited with the bad-input code said why on stderr: the verdict is bad input (2), not a dead rank."""
-    report = Report.load(settings.reports_dir) or Report()
-    if not report.override:
-        report.override = (Exit.USAGE, f"rank(s) {ranks} refused their input (exit {int(Exit.USAGE)}); their words "
-                                       f"are above, and in {settings.reports_dir}/logs/")
-        report.complete = True
-        report.write(settings.reports_dir)
 
 
 def gpus_without_nvml() -> int:

@@ -21,7 +21,7 @@ from typing import IO, Any
 import pytest
 
 from stackproof.errors import Exit, RankTimeout
-from stackproof.judge import exceptions
+from stackproof.judge import exceptions, hardware
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
 from stackproof.report.record import Figure, Report
@@ -124,8 +124,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash.setdefault(LAUNCHED_KEY, False)
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout)
-    config.stash[REPORT_KEY] = report = Report(settings=_settings_json(settings))
-    mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None)
+    config.stash[REPORT_KEY] = report = Report(settings=settings.to_json())
+    mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None,
+                                 node=settings.node_name)
     config.stash[IDENTITY_KEY] = mine
     everyone = env.gather({**mine.__dict__, "phases": phases.so_far()}, "start-up (who is where)")
     if env.is_main:
@@ -139,12 +140,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[WATCHDOG_KEY] = CheckWatchdog(env, settings.watchdog_s,
                                                lambda nodeid, message, ranks: _stalled(config, nodeid, message, ranks),
                                                suite_dirs=(smoke_tests_dir(),))
-
-
-def _settings_json(settings: ValidateConfig) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -312,16 +307,24 @@ def _agree(item: pytest.Item) -> None:
         report.override = (Exit.INCOMPLETE, str(err))
         item.session.shouldstop = str(err)
         if env.is_main:
-            check = report.check(item.nodeid)
-            check.outcome, check.message = "failed", str(err)
-            check.failed_ranks = err.ranks
+            _stall_recorded(report, item.nodeid, str(err), err.ranks)
+
+
+def _stall_recorded(report: Report, nodeid: str, message: str, ranks: list[int]) -> None:
+    """The check that stalled, failed on the stalled ranks, with the judge's finding for the stall."""
+    check = report.check(nodeid)
+    check.outcome, check.message, check.failed_ranks = "failed", message, ranks
+    gpus = {int(r["rank"]): r.get("gpu") for r in report.ranks}
+    node_of = {int(r["rank"]): r["node"] for r in report.ranks}
+    finding = hardware.stalled(check.name, message, ranks, gpus)
+    check.findings = [finding.at(node=node_of.get(finding.rank, "") if finding.rank is not None else "",
+                                 source=check.name)]
 
 
 def _stalled(config: pytest.Config, nodeid: str, message: str, ranks: list[int]) -> None:
     """Rank 0's watchdog fired: the main thread is stuck, so write the verdict from here and end the rank."""
     report = config.stash[REPORT_KEY]
-    check = report.check(nodeid)
-    check.outcome, check.message, check.failed_ranks = "failed", message, ranks
+    _stall_recorded(report, nodeid, message, ranks)
     report.override = (Exit.INCOMPLETE, message)
     _finish(config, report)
     os._exit(Exit.INCOMPLETE)

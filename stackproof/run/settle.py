@@ -75,9 +75,9 @@ def claim(reports_dir: Path, nnodes: int = 1) -> Claim:
     return Claim(path, fd)
 
 
-def prepare(reports_dir: Path, nnodes: int = 1) -> Claim:
-    """Before a run: the folder exists, is writable, has room, is this run's alone (hold the Claim until the
-    verdict is settled), and no verdict of an earlier run is left in it."""
+def unwritable(reports_dir: Path) -> str | None:
+    """Why the folder cannot take a run (what was found), or None: it exists or can be made, this user can
+    write it, and it has room."""
     try:
         reports_dir.mkdir(parents=True, exist_ok=True)
         probe = reports_dir / f".write-probe-{os.getpid()}"
@@ -85,12 +85,19 @@ def prepare(reports_dir: Path, nnodes: int = 1) -> Claim:
         probe.unlink()
         free = shutil.disk_usage(reports_dir).free
     except OSError as err:
-        raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "
-                          f"{err.strerror or err}; fix: pass a writable --reports DIR") from None
+        return f"not writable by this user ({os.getuid()}): {err.strerror or err}"
     if free < MIN_FREE_BYTES:
-        raise ConfigError(f"--reports {reports_dir}: expected at least {MIN_FREE_BYTES >> 20} MiB free for the "
-                          f"report and the rank logs, found {free >> 10} KiB; fix: free space there, or pass "
-                          "--reports DIR on a disk with room")
+        return f"{free >> 10} KiB free, less than the {MIN_FREE_BYTES >> 20} MiB the report and the rank logs need"
+    return None
+
+
+def prepare(reports_dir: Path, nnodes: int = 1) -> Claim:
+    """Before a run: the folder exists, is writable, has room, is this run's alone (hold the Claim until the
+    verdict is settled), and no verdict of an earlier run is left in it."""
+    problem = unwritable(reports_dir)
+    if problem:
+        raise ConfigError(f"--reports {reports_dir}: expected a folder this user can write with room for the "
+                          f"run, found it {problem}; fix: pass a writable --reports DIR on a disk with room")
     held = claim(reports_dir, nnodes)
     try:
         for name in stale_outputs():
@@ -103,7 +110,11 @@ def prepare(reports_dir: Path, nnodes: int = 1) -> Claim:
 
 
 def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: list[dict[str, Any]] | None = None,
-           interrupted: str | None = None, timed_out_s: float | None = None, rendezvous: str | None = None) -> Report:
+           interrupted: str | None = None, timed_out_s: float | None = None, rendezvous: str | None = None,
+           refused: list[int] | None = None, phases: dict[str, float] | None = None) -> Report:
+    """The record as rank 0 left it, plus what only the launcher saw: `failures` (ranks that died), `refused`
+    (ranks that refused their input: bad input), `phases` (steps only the launcher times). Read once, written
+    once (when anything was added)."""
     kept = False
     try:
         report = Report.load(reports_dir) or Report()
@@ -118,6 +129,10 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
     elif timed_out_s is not None:
         report.override = (Exit.INCOMPLETE, f"the run exceeded --run-timeout {timed_out_s:.0f} s and was stopped; "
                                             f"rank logs: {reports_dir}/logs/")
+    elif refused and not report.override:
+        report.override = (Exit.USAGE, f"rank(s) {refused} refused their input (exit {int(Exit.USAGE)}); their "
+                                       f"words are above, and in {reports_dir}/logs/")
+        report.complete = True
     elif rendezvous and not report.override:
         report.override = (Exit.INCOMPLETE, f"{rendezvous}; every node must start the same command within "
                                             "--rendezvous-timeout (a missing or late node, a wrong --master-addr "
@@ -132,7 +147,9 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
                                             f"rank died or was stopped); rank logs: {reports_dir}/logs/")
     if failures:
         report.context["launcher_failures"] = failures
-    if (report.to_json()["exit_code"], report.override) != before or failures or kept:
+    if phases and report.checks:
+        report.context.setdefault("phases", {}).update(phases)
+    if (report.to_json()["exit_code"], report.override) != before or failures or kept or (phases and report.checks):
         report.write(reports_dir)
     return report
 
@@ -154,7 +171,7 @@ def _how(exitcode: int) -> str:
 
 
 def conclude(reports_dir: Path, out: IO[str], *, launcher_exit: int | None = None,
-             interrupted: str | None = None, timed_out_s: float | None = None) -> Exit:
+             interrupted: str | None = None, timed_out_s: float | None = None, **seen: Any) -> Report:
     """Settle, print the table and the verdict, and return the exit code. A node whose ranks all finished (their
     logs are there) but which holds no report.json (rank 0 ran elsewhere, no shared folder) says so and exits 0;
     a folder no rank wrote to is not a pass."""
@@ -163,13 +180,15 @@ def conclude(reports_dir: Path, out: IO[str], *, launcher_exit: int | None = Non
                           "pass the --reports DIR the run was given")
     if not (reports_dir / REPORT_FILE).exists() and not launcher_exit and not interrupted and timed_out_s is None:
         if not any((reports_dir / "logs").glob("rank*.log")):
-            print(f"# stackproof: no report.json and no rank log in {reports_dir}: no rank of this run wrote here\n"
-                  f"# Verdict: {Exit.INCOMPLETE.verdict} (exit code {int(Exit.INCOMPLETE)}: "
+            why = f"no report.json and no rank log in {reports_dir}: no rank of this run wrote here"
+            print(f"# stackproof: {why}\n# Verdict: {Exit.INCOMPLETE.verdict} (exit code {int(Exit.INCOMPLETE)}: "
                   f"{Exit.INCOMPLETE.meaning})", file=out, flush=True)
-            return Exit.INCOMPLETE
-        print(f"# stackproof: this node's ranks finished; no report.json in {reports_dir}: rank 0's node holds the "
-              "verdict (or give every node one shared --reports folder)", file=out, flush=True)
-        return Exit.OK
-    report = settle(reports_dir, launcher_exit=launcher_exit, interrupted=interrupted, timed_out_s=timed_out_s)
+            return Report(override=(Exit.INCOMPLETE, why), complete=True)
+        why = (f"this node's ranks finished; no report.json in {reports_dir}: rank 0's node holds the verdict (or "
+               "give every node one shared --reports folder)")
+        print(f"# stackproof: {why}", file=out, flush=True)
+        return Report(override=(Exit.OK, why), complete=True)
+    report = settle(reports_dir, launcher_exit=launcher_exit, interrupted=interrupted, timed_out_s=timed_out_s,
+                    **seen)
     print(f"{report.table()}\n# report: {reports_dir / 'report.json'}", file=out, flush=True)
-    return report.exit_code
+    return report

@@ -5,18 +5,19 @@ that shows N NVIDIA GPUs there must show N to NVML and CUDA, and the ones that f
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import IO
 
 from stackproof.errors import Exit
 from stackproof.judge import hardware
-from stackproof.measure import topology
+from stackproof.judge.findings import Finding
+from stackproof.measure import identity, topology
 from stackproof.report.record import Report
 from stackproof.run.config import ValidateConfig
 
 NO_GPU_VALUES = ("", "void", "none")
 FROM_THE_BUS = "on the PCI bus"  # the reason's words when the bus set the expectation
+FROM_THE_SCHEDULER = "SLURM_GPUS_ON_NODE="  # ... and their start when the scheduler allocated the GPUs
 
 
 def expected_gpus(flag: int | None, env: dict[str, str] | os._Environ,
@@ -32,7 +33,7 @@ def expected_gpus(flag: int | None, env: dict[str, str] | os._Environ,
         return flag, f"--expect-gpus {flag}"
     slurm = env.get("SLURM_GPUS_ON_NODE")
     if slurm and slurm.isdigit() and int(slurm) > 0:
-        return int(slurm), f"SLURM_GPUS_ON_NODE={slurm} (the job's GPUs on this node)"
+        return int(slurm), f"{FROM_THE_SCHEDULER}{slurm} (the job's GPUs on this node)"
     requested = env.get("NVIDIA_VISIBLE_DEVICES")
     if requested is not None and requested.strip().lower() in NO_GPU_VALUES:
         return 0, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={requested})"
@@ -55,9 +56,9 @@ def missing(bus: list[str], inventory: topology.Inventory | None) -> list[str]:
 
 
 def hardware_verdict(settings: ValidateConfig, inventory: topology.Inventory | None, visible: int,
-                     out: IO[str]) -> Exit | None:
+                     out: IO[str]) -> Report | None:
     """Before any rank starts: GPUs NVML counts but cannot reach, and GPUs on the PCI bus that NVML does not
-    show, are findings on those GPUs: report.json is written with them and the run ends with Exit.FAILED (none
+    show, are findings on those GPUs: the record is written with them and the run ends with Exit.FAILED (none
     visible at all: no_gpu_verdict's Exit.NO_GPU)."""
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices) or []
     _, why = expected_gpus(settings.expect_gpus, os.environ, bus)
@@ -66,16 +67,20 @@ def hardware_verdict(settings: ValidateConfig, inventory: topology.Inventory | N
     if FROM_THE_BUS in why and visible:
         findings += hardware.missing_from_the_bus(missing(bus, inventory), len(inventory.gpus) if inventory else 0)
     if not findings:
-        return no_gpu_verdict(settings, visible, out)
+        return no_gpu_record(settings, visible, out)
     message = (f"{len(findings)} GPU(s) expected but not reachable: " + " | ".join(map(str, findings)))
-    _conclude(settings, Exit.FAILED, message, out, findings=[dataclasses.asdict(f) for f in findings],
-              expected_gpus=why, visible_gpus=visible)
-    return Exit.FAILED
+    return _conclude(settings, Exit.FAILED, message, out, findings, expected_gpus=why, visible_gpus=visible)
 
 
 def no_gpu_verdict(settings: ValidateConfig, visible: int, out: IO[str], write_report: bool = True) -> Exit | None:
-    """Exit.NO_GPU, after saying so (and writing report.json), when GPUs are expected and none is visible (fewer
-    than expected, but some, is the GPU check's failure: it names them)."""
+    """A rank's question (it counts CUDA's devices): Exit.NO_GPU when no_gpu_record says so."""
+    record = no_gpu_record(settings, visible, out, write_report)
+    return None if record is None else record.exit_code
+
+
+def no_gpu_record(settings: ValidateConfig, visible: int, out: IO[str], write_report: bool = True) -> Report | None:
+    """The record of exit 3, after saying so (and writing it, with the judge's finding), when GPUs are expected
+    and none is visible (fewer than expected, but some, is the GPU check's failure: it names them)."""
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
     expected, why = expected_gpus(settings.expect_gpus, os.environ, bus)
     if not expected or visible:
@@ -85,18 +90,22 @@ def no_gpu_verdict(settings: ValidateConfig, visible: int, out: IO[str], write_r
                "Kubernetes: an nvidia.com/gpu limit; "
                "Slurm: check gres.conf), check the driver (nvidia-smi; the kernel log for NVRM errors), "
                "or validate on CPU on purpose with --expect-gpus 0 (or -e NVIDIA_VISIBLE_DEVICES=void)")
-    _conclude(settings, Exit.NO_GPU, message, out, write_report, expected_gpus=expected, visible_gpus=visible,
-              reason=why)
-    return Exit.NO_GPU
+    proven_there = why.startswith(FROM_THE_SCHEDULER) or bool(bus)
+    finding = hardware.no_gpu_visible(expected, why, proven_there)
+    return _conclude(settings, Exit.NO_GPU, message, out, [finding], write_report, expected_gpus=expected,
+                     visible_gpus=visible, reason=why)
 
 
-def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], write_report: bool = True,
-              **context) -> None:
-    lines = [f"# stackproof validate: {message}"]
+def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], findings: list[Finding],
+              write_report: bool = True, **context) -> Report:
+    """The record of a run that ends before its ranks: its findings, on this node; the verdict, then the path."""
+    node = settings.node_name or identity.node_name()
+    report = Report(override=(code, message), complete=True, settings=settings.to_json(),
+                    findings=[f.at(node=node) for f in findings])
+    report.context.update(context)
+    lines = [f"# stackproof validate: {message}", f"# Verdict: {code.verdict} (exit code {int(code)}: "
+                                                   f"{code.meaning})"]
     if write_report:
-        report = Report(override=(code, message))
-        report.context.update(context)
         lines.append(f"# report: {report.write(settings.reports_dir)}")
-    lines.append(f"# Verdict: {code.verdict} (exit code {int(code)}: {code.meaning})")
     print("\n".join(lines), file=out, flush=True)
-
+    return report

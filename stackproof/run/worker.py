@@ -18,9 +18,8 @@ import pytest
 
 from stackproof.errors import ConfigError, Exit
 from stackproof.report.record import Report, ReportUnreadable
-from stackproof.run import launch_env, phases, smoke_tests_dir, watchdog
-from stackproof.run import settle as verdict
-from stackproof.run.config import NODE_NAME_ENV, ValidateConfig
+from stackproof.run import launch_env, phases, settle, smoke_tests_dir, watchdog
+from stackproof.run.config import ValidateConfig
 from stackproof.run.dist import adopt_slurm_env, world_size_from_env
 from stackproof.run.plugin import Handover
 from stackproof.run.visibility import no_gpu_verdict
@@ -62,7 +61,7 @@ def _nccl_debug_to_file(reports) -> None:
     os.environ["NCCL_DEBUG_FILE"] = str((reports / "nccl" / "nccl.%h.%p.log").resolve())
 
 
-_held: list[verdict.Claim] = []
+_held: list[settle.Claim] = []
 
 
 def run(settings: ValidateConfig) -> int:
@@ -77,8 +76,6 @@ def run(settings: ValidateConfig) -> int:
 def _run(settings: ValidateConfig) -> int:
     adopt_slurm_env(os.environ)  # type: ignore[arg-type]
     launched = launch_env.launched()
-    if settings.node_name:  # identity.node_name() reads it on this rank
-        os.environ[NODE_NAME_ENV] = settings.node_name
     rank = int(os.environ.get("RANK", "0"))
     reports = settings.reports_dir
     import torch
@@ -88,7 +85,7 @@ def _run(settings: ValidateConfig) -> int:
         return no_gpu
     settings.check_world(world_size_from_env())
     if rank == 0 and not launched:  # started by torchrun or srun directly: nobody prepared the folder
-        _held.append(verdict.prepare(reports))  # held until this process ends
+        _held.append(settle.prepare(reports))  # held until this process ends
     _nccl_debug_to_file(reports)
     log = reports / "logs" / f"rank{rank}.log"
     suite = smoke_tests_dir()

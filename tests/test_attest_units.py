@@ -1,0 +1,137 @@
+"""The node class and the verify-image rules without a registry: the class a real H200 run's record gives
+(tests/fixtures/attest: `stackproof validate --tier fast` on the GPU machine), the class NVML gives (the H200
+recording replayed beneath stackproof), the NICs from a sysfs tree, and which attested result decides."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from stackproof.errors import ConfigError
+from stackproof.images import attest, cosign
+from stackproof.images.attest_config import parse_duration
+from stackproof.judge import node_class
+from stackproof.judge.node_class import NodeClass
+from stackproof.measure import nics
+from stackproof.report.record import Report, read_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H200_RUN = FIXTURES / "attest" / "h200x1-fast-report.json"
+H200_CLASS = "gpu=NVIDIA H200;gpus=1;driver=580.159.04;cuda=13.0"  # what `stackproof node-class` printed there
+
+
+def test_a_real_h200_run_gives_the_class_its_node_printed():
+    report = Report.from_json(read_report(H200_RUN))
+    made = node_class.of_run(report.ranks, report.context, report.settings)
+    assert made.text() == H200_CLASS
+    assert node_class.parse(made.text()) == made
+
+
+def test_the_h200_nvml_recording_gives_the_same_class(monkeypatch):
+    monkeypatch.setenv("NVML_REPLAY", str(FIXTURES / "nvml" / "h200.json"))
+    spec = importlib.util.spec_from_file_location("pynvml", Path(__file__).parent / "nvml_replay" / "pynvml.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    made = attest.this_node_class(str(FIXTURES / "sysfs" / "h200-vm"), infiniband="/nonexistent")
+    assert made.text() == H200_CLASS
+
+
+def test_a_run_that_recorded_no_driver_cannot_be_attested():
+    data = read_report(H200_RUN)
+    report = Report.from_json({**data, "context": {}})
+    with pytest.raises(node_class.UnknownClass, match="recorded no driver") as err:
+        node_class.of_run(report.ranks, report.context, report.settings)
+    assert err.value.exit_code == 2
+
+
+def test_nodes_of_different_classes_are_refused():
+    ranks = [{"node": "a", "gpu": {"uuid": "GPU-1", "name": "NVIDIA H200"}},
+             {"node": "b", "gpu": {"uuid": "GPU-2", "name": "NVIDIA H100 80GB HBM3"}}]
+    with pytest.raises(node_class.UnknownClass, match="different classes: a: gpu=NVIDIA H200"):
+        node_class.of_run(ranks, {"driver": {"version": "580", "cuda": "13.0"}}, {})
+
+
+def test_nics_from_sysfs(tmp_path):
+    for device, rate, layer in (("mlx5_0", "400 Gb/sec (4X NDR)", "InfiniBand"),
+                                ("mlx5_1", "400 Gb/sec (4X NDR)", "InfiniBand"),
+                                ("mlx5_2", "200 Gb/sec (4X HDR)", "Ethernet")):
+        port = tmp_path / device / "ports" / "1"
+        port.mkdir(parents=True)
+        (port / "rate").write_text(rate + "\n")
+        (port / "link_layer").write_text(layer + "\n")
+    assert nics.survey(tmp_path) == "1 x 200 Gb/sec Ethernet, 2 x 400 Gb/sec InfiniBand"
+    assert nics.survey(tmp_path / "none") is None
+
+
+@pytest.mark.parametrize("text, problem", [("gpu=NVIDIA H200", "at least gpu=MODEL;gpus=N"),
+                                           ("gpu=x;gpus=8;colour=red", "'colour=red'"),
+                                           ("gpu=x;gpus=eight", "a whole number")])
+def test_a_bad_node_class_is_bad_input(text, problem):
+    with pytest.raises(ConfigError, match=problem):
+        node_class.parse(text)
+
+
+def test_the_spec_counts_only_when_asked_for():
+    attested = NodeClass("NVIDIA H200", 8, "580.159.04", "13.0", spec="h200.spec.json")
+    assert node_class.differences(attested, NodeClass("NVIDIA H200", 8, "580.159.04", "13.0")) == []
+    wanted = NodeClass("NVIDIA H200", 8, "580.159.04", "13.0", spec="other.json")
+    assert node_class.differences(attested, wanted) == ["spec h200.spec.json (this node: other.json)"]
+
+
+@pytest.mark.parametrize("text, seconds", [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("45s", 45),
+                                           ("1.5", 1.5)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("reference, fields", [
+    ("r:5000/a/b:v1", ("r:5000/a/b", "v1", None)),
+    ("r:5000/a/b@sha256:" + "0" * 64, ("r:5000/a/b", None, "sha256:" + "0" * 64)),
+    ("r/a:v1@sha256:" + "1" * 64, ("r/a", "v1", "sha256:" + "1" * 64)),
+])
+def test_references(reference, fields):
+    assert attest._split(reference) == fields
+
+
+def _statement(result: str, finished: str, digest: str = "sha256:" + "a" * 64) -> dict:
+    return {"subject": [{"digest": {"sha256": digest.split(":")[1]}}], "predicate": {
+        "result": result, "failedTests": [] if result == "PASSED" else ["collectives::all_reduce[sum-float32]"],
+        "configuration": [{"name": "node-class", "annotations": {"gpu": "none", "gpus": 0}},
+                          {"name": "run", "annotations": {"node": "n1", "finished": finished}}]}}
+
+
+@pytest.fixture
+def attested(monkeypatch):
+    """verify_image over statements given here, as if cosign had verified them on digest aaaa..."""
+    def install(*statements: dict):
+        monkeypatch.setattr(cosign, "require_pinned_version", lambda: cosign.COSIGN_VERSION)
+        monkeypatch.setattr(attest, "digest_of", lambda reference: "sha256:" + "a" * 64)
+        monkeypatch.setattr(cosign, "verify", lambda *args: list(statements))
+    return install
+
+
+def test_a_newer_failed_result_withdraws_an_older_pass(attested):
+    attested(_statement("PASSED", "2026-11-01T00:00:00+00:00"), _statement("FAILED", "2026-11-02T00:00:00+00:00"))
+    verdict = attest.verify_image("r/a:v1", NodeClass("none", 0), Path("k.pub"))
+    assert not verdict.ok and verdict.reason.startswith("FAILED: the newest result")
+    assert "collectives::all_reduce[sum-float32]" in verdict.reason
+
+
+def test_a_newer_pass_after_a_failure_passes(attested):
+    attested(_statement("FAILED", "2026-11-01T00:00:00+00:00"), _statement("PASSED", "2026-11-02T00:00:00+00:00"))
+    now = datetime.datetime(2026, 11, 3, tzinfo=datetime.timezone.utc)
+    verdict = attest.verify_image("r/a:v1", NodeClass("none", 0), Path("k.pub"), 2 * 86400, now=now)
+    assert verdict.ok, verdict.reason
+    assert attest.verify_image("r/a:v1", NodeClass("none", 0), Path("k.pub"), 3600, now=now).reason.startswith(
+        "too old: ")
+
+
+def test_an_attestation_about_another_digest_is_a_mismatch(attested):
+    attested(_statement("PASSED", "2026-11-01T00:00:00+00:00", digest="sha256:" + "b" * 64))
+    verdict = attest.verify_image("r/a:v1", NodeClass("none", 0), Path("k.pub"))
+    assert verdict.reason.startswith("digest mismatch: an attestation on r/a@sha256:aaaa")
