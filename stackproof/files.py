@@ -5,7 +5,6 @@ name. Nothing here creates a folder: a missing one is the person's to make (or t
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -116,9 +115,10 @@ def output_problem(what: str, example: str) -> Callable[[Any], str | None]:
 
 
 def folder_problem(value: Any) -> str | None:
-    """A settings check for a folder the run writes into (--reports): it, or the nearest folder above it that
-    exists, must be a folder this user can write. Checked with the setting, so a bad value is blamed on where
-    it came from (the flag, or its environment variable), not found later as a failed mkdir."""
+    """A settings check for a folder the run writes into (--reports): it, and the nearest path above it that
+    exists, must be folders, not files. Checked with the setting, so a bad value is blamed on where it came from
+    (the flag, or its environment variable), not found later as a failed mkdir. (Whether this user may write
+    there is the reports folder's own check, at the run: healthcheck falls back to a folder it can write.)"""
     if value is None:
         return None
     if not str(value).strip():
@@ -128,6 +128,4 @@ def folder_problem(value: Any) -> str | None:
     if not nearest.is_dir():
         found = "a file" if nearest == path else f"{nearest}, a file, on the way to it"
         return f"expected a folder (or one to make), found {found}"
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        return f"expected a folder this user ({os.getuid()}) can write, found {nearest}, which it cannot"
     return None

@@ -125,5 +125,5 @@ def require_known_good(source: str, report: Mapping[str, Any], made: str) -> Non
     else:
         return
     raise ConfigError(f"{source}: field '{field}': expected {expected}, found {found}; a {made} made from failing "
-                      "or unfinished runs would hold later runs to a broken machine; fix: leave this report out (or "
-                      "run the node again to the end)")
+                      "runs (or unfinished ones) would hold later runs to a broken machine; fix: leave this report "
+                      "out (or run the node again to the end)")
