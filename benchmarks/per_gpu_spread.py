@@ -27,7 +27,7 @@ from stackproof.measure import gpu_proof
 def settings_to_try(device: torch.device):
     """(name, unit scale, unit, call returning the figure)."""
     def copy(warmup, iters):
-        return lambda: gpu_proof.device_copy_bytes_per_s(device, warmup=warmup, iters=iters)
+        return lambda: gpu_proof.device_copy_bytes_per_s(device, warmup=warmup, iters=iters)[0]
 
     def pinned(to_device, warmup, iters):
         return lambda: gpu_proof.pinned_copy_bytes_per_s(device, to_device, warmup=warmup, iters=iters)[0]

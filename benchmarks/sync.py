@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch.distributed as dist
 
+from stackproof.judge import consensus
 from stackproof.judge.findings import Finding
-from stackproof.run import consensus
 from stackproof.run.dist import DistEnv
 
 FINDING = Finding(3, "GPU-8c1e0f9a-...", "collectives::all_reduce[sum-float32]", "the known answer", "index 7: 6.0, "

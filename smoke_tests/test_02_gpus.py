@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from stackproof.judge import hardware
+from stackproof.judge import hardware, software
 from stackproof.measure import nics, topology
 from stackproof.run.visibility import FROM_THE_BUS, FROM_THE_SCHEDULER, expected_gpus, missing
 
@@ -94,3 +94,19 @@ def test_every_gpu_computes(dist_env, report):
                            f"CPU in {wrong} of {want.numel()} elements")
     report.figure("devices_checked", len(devices))
 
+
+
+def test_torch_has_kernels_for_every_gpu(dist_env, report):
+    """An image built without kernels for this GPU fails here as software-pins, not later as a GPU that
+    'cannot compute' (CUDA error: no kernel image is available for execution on the device)."""
+    report.classify("software-pins", "triage")
+    arch_list = torch.cuda.get_arch_list()
+    report.figure("arch_list", ",".join(arch_list))
+    found = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        missing = software.arch_finding(arch_list, (props.major, props.minor), index, str(props.uuid), props.name)
+        if missing is not None:
+            found.append(missing)
+    report.found(*found)
+    assert not found, " | ".join(map(str, found))

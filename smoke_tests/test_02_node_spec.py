@@ -53,9 +53,14 @@ def test_matches_the_spec(facts, dist_env, settings, report):
                     "stackproof spec REPORT... -o FILE)")
     known = node_spec.load(settings.spec)  # checked at start-up; read again here, on the rank that needs it
     nodes = node_spec.by_node(rows)
-    entry, _ = node_spec.entry_for(known, nodes[mine["node"]])
+    # GPUs a job uses that this node's run left alone (healthcheck --skip-busy-gpus): counted as there.
+    skipped = {mine["node"]: settings.skipped_gpu_count}
+    entry, _ = node_spec.entry_for(known, nodes[mine["node"]], skipped[mine["node"]])
     report.figure("spec_entry", node_spec.key_text(entry["key"]) if entry else "none")
-    _judge(report, {node: node_spec.judge_spec(known, node_rows) for node, node_rows in nodes.items()}, mine)
+    if skipped[mine["node"]]:
+        report.figure("skipped_gpus", settings.skipped_gpus)
+    _judge(report, {node: node_spec.judge_spec(known, node_rows, skipped.get(node, 0))
+                    for node, node_rows in nodes.items()}, mine)
 
 
 def test_nodes_agree_on_driver_and_vbios(facts, dist_env, report):

@@ -7,13 +7,15 @@ import dataclasses
 import functools
 import os
 import socket
+import time
 
 import pytest
 import torch
 
-from stackproof.judge import bars, hardware
+from stackproof.judge import bars, data, hardware, per_gpu
+from stackproof.judge import counters as counter_rules
 from stackproof.judge import health as rules
-from stackproof.measure import gpu_proof, health, topology
+from stackproof.measure import counters, gpu_proof, health, identity, memtest, patterns, topology, watermark
 from stackproof.run import faults
 
 pytestmark = [pytest.mark.fast, pytest.mark.gpu]
@@ -21,6 +23,7 @@ pytestmark = [pytest.mark.fast, pytest.mark.gpu]
 HOST = socket.gethostname()
 # Every GPU's figure goes into the check's line up to this many GPUs; all of them always go into report.json.
 FIGURES_PER_GPU_UP_TO = 8
+GiB = 1 << 30
 
 
 def _local(step):
@@ -32,7 +35,8 @@ def _local(step):
         return None, err
 
 
-def _read_own(device: torch.device, settings, own_pids: set[int]) -> tuple[topology.Gpu, health.Checkup]:
+def _read_own(device: torch.device, settings, own_pids: set[int]
+              ) -> tuple[topology.Gpu, health.Checkup, counter_rules.CounterReading]:
     uuid = str(torch.cuda.get_device_properties(device).uuid)
     torch.zeros(1, device=device)  # this rank's context on its GPU: NVML lists it among the GPU's processes
     try:
@@ -44,11 +48,18 @@ def _read_own(device: torch.device, settings, own_pids: set[int]) -> tuple[topol
                 raise RuntimeError(f"{HOST} {device}: NVML cannot reach the GPU with torch's UUID {uuid} ({err}); "
                                    f"fix: {hardware.unreachable(-1, str(err)).action}") from err
             gpu = topology.read_gpu(nvml, index, settings.pci_devices)
-            return gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log)
+            return (gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log, memory=_memory(settings),
+                                        job=settings.job),
+                    counters.read(nvml, handle, gpu, settings.pci_devices))
     except topology.NvmlUnavailable as err:
         raise RuntimeError(f"{HOST} {device}: torch sees the GPU but NVML does not: {err}; fix: run the container "
                            "with NVIDIA_DRIVER_CAPABILITIES including utility (stackproof images set compute,utility)"
                            ) from err
+
+
+def _memory(settings) -> watermark.Memory:
+    """This node's state folder: the last look at each GPU (evidence is judged since then)."""
+    return watermark.Memory(settings.health_state_dir, identity.node_name())
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +79,16 @@ def own(dist_env, settings):
 
 
 @pytest.fixture(scope="module")
-def xid_watch(own):
-    """NVML's XID events on this rank's GPU, watched from the first per-GPU check to the last."""
+def xid_watch(own, settings):
+    """NVML's XID events on this rank's GPU, watched from the first per-GPU check to the last. Where NVML watched
+    live throughout, the watermark moves on to the end of the watch: the next look does not judge again, from
+    the kernel log, the XIDs NVML already reported."""
     gpu = own[0]
     with topology.nvml_session() as nvml:
         watch = health.XidWatch(nvml, health.handle_of(nvml, gpu.uuid))
         yield watch
+        if watch.live:
+            _memory(settings).advance(gpu.uuid, time.time())
         watch.close()
 
 
@@ -107,18 +122,26 @@ def _every_gpu(report, dist_env, gpu: topology.Gpu, what: str, value: float, bar
     report.figure(f"{what}_bar", "none" if bar.value is None else round(bar.value / scale, 3), unit)
 
 
+def _counter_findings(gpu: topology.Gpu, now: counter_rules.CounterReading,
+                      before: counter_rules.CounterReading | None = None) -> list:
+    return counter_rules.judge(gpu.index, gpu.uuid, now, before) + [
+        rules.nvml_error_finding(gpu.index, gpu.uuid, what, error) for what, error in now.errors.items()]
+
+
 def test_health_history(own, xid_watch, dist_env, report):
-    gpu, checkup = own
-    for name, value in checkup.readings.items():
+    gpu, checkup, first = own
+    found = checkup.findings + _counter_findings(gpu, first)
+    shown = {**checkup.readings, **counter_rules.readings(first)}
+    for name, value in shown.items():
         report.figure(name, value)
-    rows = dist_env.gather({"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, **checkup.readings,
-                            "findings": [dataclasses.asdict(finding) for finding in checkup.findings]},
+    rows = dist_env.gather({"host": HOST, "gpu": gpu.index, "uuid": gpu.uuid, **shown,
+                            "findings": [dataclasses.asdict(finding) for finding in found]},
                            "the health readings")
     if rows is not None:
         report.table("per_gpu_health", rows)
-    report.found(*checkup.findings)
+    report.found(*found)
     report.hint("act on each finding's fix; nvidia-smi -q on the host shows the same NVML records")
-    assert not checkup.findings, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, checkup.findings))
+    assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))
 
 
 def test_sdc_digest(own, dist_env, settings, report):
@@ -130,7 +153,7 @@ def test_sdc_digest(own, dist_env, settings, report):
     wrong, digest = computed or ({}, None)
     model = _model(dist_env.device)
     verdict = dist_env.agree({"model": model, "digest": digest, "exact": error is None and not any(wrong.values())},
-                             "the GEMM digests", decide=gpu_proof.odd_ones_out_by_model)
+                             "the GEMM digests", decide=per_gpu.odd_ones_out_by_model)
     if error is not None:
         raise error
     odd = {entry["rank"]: entry for entry in verdict["odd"]}
@@ -151,14 +174,46 @@ def test_sdc_digest(own, dist_env, settings, report):
                              f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
+def test_memory_holds_patterns(own, dist_env, report):
+    """DCGM's memory test, short: address, walking-bit and random patterns over most of the free memory."""
+    gpu = own[0]
+    report.classify("configuration", "triage")  # wrong bytes are findings of their own, on the GPU
+    tested = memtest.run(dist_env.device, patterns.seed_of("memtest", gpu.uuid))
+    report.figure("tested", round(tested.tested_bytes / GiB, 1), "GiB")
+    report.figure("free", round(tested.free_bytes / GiB, 1), "GiB")
+    report.figure("patterns", ",".join(memtest.PATTERNS))
+    report.figure("seconds", round(tested.seconds, 3), "s")
+    report.figure("allocate_seconds", round(tested.allocate_seconds, 3), "s")
+    report.hint("run DCGM's full memory test on the GPU named (dcgmi diag -r 3) and check its remapped rows")
+    wrong = [data.wrong_bytes("memory test", f"{tested.tested_bytes} B written and read back ({bad.where()})",
+                              bad.wrong, gpu.index, gpu.uuid) for bad in tested.wrong]
+    report.found(*wrong)
+    assert not wrong, f"{_where(gpu, dist_env.device)}: " + " | ".join(map(str, wrong))
+    assert tested.tested_bytes >= tested.free_bytes // 2, (
+        f"{_where(gpu, dist_env.device)}: the memory test could take only {tested.tested_bytes / GiB:.1f} GiB of "
+        f"{tested.free_bytes / GiB:.1f} GiB free (the allocator's pieces are smaller than "
+        f"{memtest.CHUNK_BYTES >> 20} MiB, or another process took the memory meanwhile)")
+
+
+def _delivered(report, gpu: topology.Gpu, moved: list[tuple[str, str, object]]) -> None:
+    """The paths whose bytes arrived wrong, as this rank's findings about its GPU or link (after the figures)."""
+    wrong = [data.wrong_bytes(path, what, found, gpu.index, gpu.uuid) for path, what, found in moved if found]
+    report.found(*wrong)
+    assert not wrong, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, wrong))
+
+
 def test_hbm_bandwidth(own, dist_env, settings, report):
     gpu = own[0]
     report.classify("performance", "triage")
     bar = bars.hbm_bar(gpu, settings.hbm_fraction)
-    rate, error = _local(lambda: gpu_proof.device_copy_bytes_per_s(dist_env.device))
+    nbytes, iters = 1 << 30, 50
+    measured, error = _local(lambda: gpu_proof.device_copy_bytes_per_s(
+        dist_env.device, nbytes, iters=iters, seed=patterns.seed_of("hbm", dist_env.rank, gpu.uuid)))
+    rate, wrong = measured or (None, None)
     _every_gpu(report, dist_env, gpu, "hbm", rate, bar, 1e12, "TB/s")
     if error is not None:
         raise error
+    _delivered(report, gpu, [("device-to-device copy", f"{nbytes} B copied {iters} times", wrong)])
     if bar.value is None:
         pytest.skip(f"no bar for the device copy ({rate / 1e12:.2f} TB/s measured): {bar.source}")
     report.hint("check the clock-event reasons (health_history) and nvidia-smi -q -d PERFORMANCE,CLOCK on the GPU")
@@ -172,27 +227,34 @@ def test_host_device_copies(own, dist_env, settings, report):
     report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
     errors: dict[str, str] = {}
+    # The host's part of the data check (writing and reading 512 MiB on the CPU) is done outside the turns.
+    copies, error = _local(lambda: gpu_proof.HostCopies(dist_env.device, patterns.seed_of("pcie", dist_env.rank,
+                                                                                          gpu.uuid)))
+    if copies is not None:
+        _, error = _local(copies.prepare)
 
-    def copies():
+    def measure():
         with topology.nvml_session() as nvml:
             handle = health.handle_of(nvml, gpu.uuid)
             # An idle link drops its generation to save power: read it while the copies run over it.
-            h2d, link = gpu_proof.pinned_copy_bytes_per_s(
-                dist_env.device, to_device=True, during=lambda: health.pcie_link_under_load(nvml, handle, errors, gpu))
-        d2h, _ = gpu_proof.pinned_copy_bytes_per_s(dist_env.device, to_device=False)
-        return h2d, d2h, link
+            h2d, link, wrong = copies.to_device(
+                during=lambda: health.pcie_link_under_load(nvml, handle, errors, gpu))
+        return h2d, copies.to_host(), link, wrong
 
     # The GPUs of a node may share a PCIe switch's uplink: each measures in turn, so a bar on its own link holds.
-    measured, error = None, None
+    measured = None
     for turn in range(dist_env.local_world_size):
         dist_env.barrier(f"host-device copies, turn of local rank {turn}")
-        if turn == dist_env.local_rank:
-            measured, error = _local(copies)
-    h2d, d2h, (gen, width) = measured or (None, None, (None, None))
+        if turn == dist_env.local_rank and error is None:
+            measured, error = _local(measure)
+    h2d, d2h, (gen, width), wrong_h2d = measured or (None, None, (None, None), None)
+    wrong_d2h, check_error = _local(copies.check_host) if measured else (None, None)
     _every_gpu(report, dist_env, gpu, "h2d", h2d, bar, 1e9, "GB/s")
     _every_gpu(report, dist_env, gpu, "d2h", d2h, bar, 1e9, "GB/s")
-    if error is not None:
-        raise error
+    if error is not None or check_error is not None:
+        raise error or check_error
+    _delivered(report, gpu, [("host-to-device copy", f"{copies.nbytes} B from pinned memory", wrong_h2d),
+                             ("device-to-host copy", f"{copies.nbytes} B into pinned memory", wrong_d2h)])
     expected_gen, expected_width = bars.pcie_expected(gpu)
     report.figure("pcie_under_load", f"gen{gen} x{width} (the GPU's own max gen{expected_gen} x{expected_width})")
     report.hint("check the link (lspci -vv: LnkSta vs LnkCap), the slot's BIOS settings, and that the rank runs "
@@ -234,7 +296,7 @@ def test_gemm_throughput(own, dist_env, settings, report):
     held_back = rules.clock_findings(gpu.index, gpu.uuid, reasons, "under load")
     model = _model(dist_env.device)
     verdict = dist_env.agree({"model": model, "value": flops}, "the GEMM throughputs",
-                             decide=functools.partial(gpu_proof.below_median_by_model, tolerance=settings.gpu_spread))
+                             decide=functools.partial(per_gpu.below_median_by_model, tolerance=settings.gpu_spread))
     _every_gpu(report, dist_env, gpu, "gemm_bf16", flops, bar, 1e12, "TFLOP/s")
     if isinstance(error, gpu_proof.WrongGemm):  # the GPU computes wrong: as silent data corruption
         report.classify("gpu-hardware", "isolate")
@@ -274,3 +336,19 @@ def test_no_xid_during_the_run(own, xid_watch, report):
     report.found(*findings)
     report.hint("the kernel log (dmesg) names the same XIDs with their context; act on each finding's fix")
     assert not findings, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, findings))
+
+
+def test_counters_during_the_run(own, settings, report):
+    """The counters' climb from the first per-GPU check to the last (the copies, the memory test and the GEMMs
+    ran in between): PCIe replays against the link's per-lane limit, corrected ECC errors against DCGM's rate."""
+    gpu, _, first = own
+    with topology.nvml_session() as nvml:
+        now = counters.read(nvml, health.handle_of(nvml, gpu.uuid), gpu, settings.pci_devices)
+    report.figure("seconds", round(now.seconds - first.seconds, 1), "s")
+    for name in ("pcie_replays", "sbe_volatile"):
+        before, after = getattr(first, name), getattr(now, name)
+        report.figure(f"{name}_climb", "not supported" if None in (before, after) else after - before)
+    found = _counter_findings(gpu, now, first)
+    report.found(*found)
+    report.hint("act on each finding's fix; the counters climb while the GPU works, so rerun to see the rate")
+    assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))

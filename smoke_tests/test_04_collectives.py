@@ -1,7 +1,8 @@
 """Collective correctness, exact, on every rank: all_reduce, reduce_scatter and reduce over every op x dtype x
 size (odd counts, the mid range 64 KiB..4 MiB in 4 KiB multiples, DDP's 25 MiB bucket) x placement
 (reduce_scatter and reduce up to DDP's bucket, every dtype in one check per op), plus broadcast, all_gather and
-a barrier. The inputs' exact answer is known at any world size
+a barrier; all_to_all_single (even and uneven splits) and send/recv between every pair move seeded byte
+patterns checked byte for byte. The inputs' exact answer is known at any world size
 (stackproof/judge/known_answers.py); every call on a shape gets fresh data, so a stale buffer shows; and floating
 sums hold elements that tell round-to-nearest from truncation."""
 
@@ -12,7 +13,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from stackproof.judge import data
 from stackproof.judge import known_answers as recipe
+from stackproof.measure import pairwise, patterns
 from stackproof.measure.known_answers import (
     DTYPES,
     OPS,
@@ -221,3 +224,89 @@ def test_all_gather(dtype_name, dist_env, settings, report):
                                 f"first wrong index {bad.index} (from rank {bad.index // count}): found {bad.found}, "
                                 f"expected {bad.expected}")
     _verdict(failures)
+
+
+# --- the data paths of model parallelism: all_to_all (expert / sequence parallelism), send/recv (pipelines) ---
+
+MOVED_COUNTS = (1021, 64 * 1024 + 3)  # elements: an odd count, and one past a 64 Ki boundary
+
+
+def _segment(sender: int, receiver: int, count: int, dtype: torch.dtype, device, *salt) -> torch.Tensor:
+    """What `sender` sends `receiver`: the byte pattern of its own seed, viewed as `dtype` (bytes are compared,
+    so a float pattern's NaNs compare like any other bytes)."""
+    nbytes = count * torch.tensor([], dtype=dtype).element_size()
+    seed = patterns.seed_of("moved", sender, receiver, str(dtype), count, *salt)
+    return patterns.made(-(-nbytes // patterns.WORD) * patterns.WORD, seed, device).view(dtype)[:count]
+
+
+def _splits(world: int, count: int, even: bool) -> list[list[int]]:
+    """Elements rank r sends rank d: the same everywhere (even), or different per pair, one of them empty."""
+    if even:
+        return [[count] * world for _ in range(world)]
+    return [[0 if (r + d) % world == 1 else count // (1 + (r + 2 * d) % 3) + d for d in range(world)]
+            for r in range(world)]
+
+
+def _moved_wrong(report, dist_env, wrong: list[tuple[str, str, object]]) -> None:
+    gpu = dist_env.device.index if dist_env.is_gpu else None
+    found = [data.wrong_bytes(path, what, bad, gpu) for path, what, bad in wrong]
+    report.found(*found)
+    _verdict([str(f) for f in found])
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("splits", ["even", "uneven"])
+def test_all_to_all_single(splits, dtype_name, dist_env, report):
+    report.classify("interconnect", "isolate")
+    dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
+    wrong = []
+    for count in MOVED_COUNTS:
+        for call in range(CALLS):
+            split = _splits(world, count, splits == "even")
+            sent = torch.cat([_segment(rank, d, split[rank][d], dtype, device, call) for d in range(world)])
+            want = torch.cat([_segment(s, rank, split[s][rank], dtype, device, call) for s in range(world)])
+            received = torch.zeros_like(want)
+            dist.all_to_all_single(received, sent, output_split_sizes=[split[s][rank] for s in range(world)],
+                                   input_split_sizes=split[rank])
+            bad = patterns.first_difference(received, want) if want.numel() else None
+            if bad is not None:
+                element = bad.offset // received.element_size()
+                source = next(s for s in range(world) if element < sum(split[x][rank] for x in range(s + 1)))
+                wrong.append(("collective", f"all_to_all_single ({splits} splits, {dtype_name}, call {call}): "
+                              f"{received.numel() * received.element_size()} B to rank {rank}, the first wrong "
+                              f"from rank {source}", bad))
+        _sync(dist_env)
+    report.figure("counts", ",".join(map(str, MOVED_COUNTS)))
+    report.hint(HINT)
+    _moved_wrong(report, dist_env, wrong)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_send_recv_between_every_pair(dtype_name, dist_env, report):
+    """Every ordered pair of ranks, both directions at once (a pipeline's activations forward, gradients back),
+    scheduled round-robin so every rank is in one pair per round."""
+    report.classify("interconnect", "isolate")
+    dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
+    if world < 2:
+        pytest.skip("one rank: no pair to send between")
+    wrong, pairs = [], 0
+    for round_pairs in pairwise.round_robin(world):
+        peer = pairwise.peer_in(round_pairs, rank)
+        if peer is None:
+            continue
+        for count in MOVED_COUNTS:
+            sent = _segment(rank, peer, count, dtype, device)
+            want = _segment(peer, rank, count, dtype, device)
+            received = torch.zeros_like(want)
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, sent, peer),
+                                                dist.P2POp(dist.irecv, received, peer)]):
+                work.wait()
+            bad = patterns.first_difference(received, want)
+            if bad is not None:
+                wrong.append(("send/recv", f"{want.numel() * want.element_size()} B ({dtype_name}) from rank "
+                              f"{peer} to rank {rank}", bad))
+            pairs += 1
+        _sync(dist_env)
+    report.figure("exchanges", pairs)
+    report.hint(HINT)
+    _moved_wrong(report, dist_env, wrong)

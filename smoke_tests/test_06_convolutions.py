@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from stackproof.judge import known_answers as recipe
+from stackproof.judge import software
 
 CPU_SHRINK = 8  # CPU runs take 1/8 of each spatial size: the same kernels, strides and channels, in seconds
 BATCH = {"cuda": 4, "cpu": 2}
@@ -40,12 +41,36 @@ def _reference(x: torch.Tensor, w: torch.Tensor, stride: int, padding: int) -> t
     return product(flat, columns), product(flat.abs(), columns.abs())
 
 
+def _cudnn_runs_the_convolutions(device: torch.device, dtype: torch.dtype, report) -> None:
+    """cuDNN is enabled, and torch dispatches a convolution to it (aten::cudnn_convolution in the profiler's
+    CPU-side op list; no CUPTI needed): else the answers below would be another backend's."""
+    x = torch.ones(1, 8, 8, 8, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.ones(8, 8, 3, 3, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        F.conv2d(x, w, None, 1, 1)
+    ops = {event.name for event in profile.events()}
+    used = "aten::cudnn_convolution" in ops
+    report.figure("cudnn_used", used)
+    if torch.backends.cudnn.enabled and torch.backends.cudnn.is_available() and used:
+        return
+    finding = software.pins("convolutions run on cuDNN", "torch.backends.cudnn enabled and available, and "
+                            "aten::cudnn_convolution dispatched",
+                            f"enabled={torch.backends.cudnn.enabled}, available={torch.backends.cudnn.is_available()}, "
+                            f"convolution ops: {sorted(op for op in ops if 'conv' in op)}",
+                            "load the image's cuDNN (pins::native_library_comes_from_its_wheel) and leave "
+                            "torch.backends.cudnn.enabled on")
+    report.found(finding)
+    pytest.fail(str(finding))
+
+
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_convolutions_give_the_known_answer(dtype_name, dist_env, report):
     dtype, device = getattr(torch, dtype_name), dist_env.device
     generator = torch.Generator().manual_seed(2026 + dist_env.rank)
     shrink, batch = (1 if dist_env.is_gpu else CPU_SHRINK), BATCH[device.type]
     failures, worst = [], 0.0
+    if dist_env.is_gpu:
+        _cudnn_runs_the_convolutions(device, dtype, report)
     for c_in, c_out, kernel, stride, size in recipe.RESNET50_CONVS:
         size = max(size // shrink, kernel)
         x = torch.randint(-2, 3, (batch, c_in, size, size), generator=generator).to(device, dtype)

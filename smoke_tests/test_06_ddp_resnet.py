@@ -14,9 +14,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from stackproof.judge import consensus
 from stackproof.judge import known_answers as recipe
 from stackproof.measure import training
-from stackproof.run import consensus, faults
+from stackproof.run import faults
 
 WARMUP_STEPS_GPU = 5
 

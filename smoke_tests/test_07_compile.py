@@ -1,7 +1,10 @@
 """torch.compile works: inductor generates and builds kernels at run time, in C++ on the CPU (a C++ compiler and
 Python.h) and with Triton on GPUs (a C compiler for its launcher). An image without them fails the first compile.
 The compiled function is called several times with fresh inputs, each result compared with eager: a compiled
-kernel that is right once and wrong later (stale inputs, a bad cache entry) fails too."""
+kernel that is right once and wrong later (stale inputs, a bad cache entry) fails too. And compile must really have
+compiled: dynamo's and inductor's counters must show a traced graph built into generated kernels, so a
+torch.compile that hands back the eager function (an eager fallback) fails instead of comparing eager with
+eager."""
 
 import os
 import time
@@ -9,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from stackproof.judge import software
 
 CALLS = 3  # the first call compiles; the later ones reuse the kernels on new data
 
@@ -44,9 +49,11 @@ def test_torch_compile_matches_eager(dist_env, report):
     # here; on a host an earlier run's kernels may be reused, and the figure 'kernels' says which happened.
     import torch._inductor.config  # here, not at the top: its import takes seconds, and --tier fast collects this
     from torch._dynamo.utils import counters
+    from torch._inductor import metrics
 
     torch._dynamo.reset()
     counters.clear()
+    metrics.reset()
     backend = "Triton" if dist_env.is_gpu else "C++"
     report.hint(_hint(dist_env.is_gpu))
     generator = torch.Generator().manual_seed(7)
@@ -58,6 +65,8 @@ def test_torch_compile_matches_eager(dist_env, report):
         with torch._inductor.config.patch(compile_threads=1):
             found = [compiled(x, y) for x, y in inputs]
     except Exception as err:  # inductor wraps the compiler's failure; its first line names it
+        if "no compiled frames" in str(err):  # fullgraph and a disabled dynamo (TORCH_COMPILE_DISABLE=1)
+            report.found(software.compile_proof({k: dict(v) for k, v in counters.items()}, 0, backend))
         pytest.fail(f"torch.compile (inductor, {backend} on {dist_env.device.type}) failed: "
                     f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
     if dist_env.is_gpu:
@@ -66,6 +75,12 @@ def test_torch_compile_matches_eager(dist_env, report):
     report.figure("backend", f"inductor ({backend}, {dist_env.device.type})")
     report.figure("kernels", "from cache" if counters["inductor"]["fxgraph_cache_hit"] else "compiled")
     report.figure("calls", CALLS)
+    report.figure("generated_kernels", metrics.generated_kernel_count)
+    eager = software.compile_proof({k: dict(v) for k, v in counters.items()}, metrics.generated_kernel_count,
+                                   backend)
+    if eager is not None:
+        report.found(eager)
+        pytest.fail(str(eager))
     for call, ((x, y), result) in enumerate(zip(inputs, found, strict=True)):
         torch.testing.assert_close(result, pointwise_and_reduction(x, y),
                                    msg=lambda m, call=call: f"call {call + 1} of {CALLS}: compiled != eager: {m}")

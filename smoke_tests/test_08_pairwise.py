@@ -6,7 +6,8 @@ again first. stackproof/measure/pairwise.py has the schedule and the decision.""
 import pytest
 import torch.distributed as dist
 
-from stackproof.measure import identity, pairwise, topology
+from stackproof.judge import data
+from stackproof.measure import identity, pairwise, patterns, topology
 from stackproof.run import faults
 from stackproof.run.config import PAIR_TOLERANCE_GPU
 
@@ -59,6 +60,17 @@ def _links(dist_env) -> dict | None:
         return {f"{i},{j}": link.__dict__ for (i, j), link in topology.pair_links(gpus).items()}
     except topology.NvmlUnavailable as err:
         return {"error": str(err)}
+
+
+def _delivered_intact(report, dist_env, settings, exchanges) -> None:
+    """Each rank judges what it received itself (no agreement needed): a wrong byte is a finding on the link
+    from its sender, with where it was and what it held."""
+    gpu = dist_env.device.index if dist_env.is_gpu else None
+    wrong = [data.wrong_bytes("send/recv", f"{_nbytes(settings, dist_env)} B from rank {ex['peer']} to rank "
+                              f"{dist_env.rank}", patterns.WrongBytes(**ex["wrong"]), gpu)
+             for ex in exchanges if ex.get("wrong")]
+    report.found(*wrong)
+    assert not wrong, " | ".join(map(str, wrong))
 
 
 def _blame(report, dist_env, verdict) -> None:
@@ -185,6 +197,7 @@ def test_local_pairs(layout, dist_env, settings, report):
     if verdict["slowest"] is not None:
         report.figure("slowest_pair", round(verdict["slowest"], 3), "GB/s")
     _own_figure(report, first, nbytes)
+    _delivered_intact(report, dist_env, settings, first + second)
     _blame(report, dist_env, verdict)
     _no_pass_without_a_bar(verdict)
 
@@ -255,6 +268,7 @@ def test_node_pairs(layout, dist_env, settings, report):
         report.figure("bar", verdict["bar"], "GB/s")
     report.figure("node_pairs", len(verdict["figures"]))
     _own_figure(report, first, nbytes)
+    _delivered_intact(report, dist_env, settings, first + second)
     _blame(report, dist_env, verdict)
     _no_pass_without_a_bar(verdict)
 

@@ -15,7 +15,6 @@ from torch.nn.parallel import DistributedDataParallel
 from stackproof.judge.stragglers import late_ranks
 from stackproof.measure import identity, stragglers
 from stackproof.run import faults
-from stackproof.run.config import STRAGGLER_TOLERANCE_GPU
 
 pytestmark = pytest.mark.multi_rank
 REPS = 5
@@ -74,9 +73,7 @@ def test_no_rank_arrives_late(phase, dist_env, settings, report, stack):
         work, collective = _ddp_step(dist_env)
     else:
         work, collective = stragglers.gemm_work(dist_env.device), _collective(phase, dist_env.device)
-    tolerance = settings.straggler_tolerance
-    if tolerance is None and dist_env.is_gpu:
-        tolerance = STRAGGLER_TOLERANCE_GPU
+    tolerance = settings.straggler_tolerance_on(dist_env.is_gpu)
     slow_down = faults.work_slow_down(settings, dist_env)
     work()  # warm-up: first-call costs (allocations, cuBLAS handles) are no rank's fault
     collective()

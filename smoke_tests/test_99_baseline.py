@@ -8,19 +8,18 @@ import pytest
 
 from stackproof.judge import baseline as judge
 from stackproof.measure import baseline
-from stackproof.run.plugin import REPORT_KEY
 
 pytestmark = [pytest.mark.fast]
 
 
-def test_figures_hold_their_baseline(request, dist_env, settings, report):
+def test_figures_hold_their_baseline(dist_env, settings, report):
     if not settings.baseline:
         pytest.skip("no --baseline given (make one from known-good runs: stackproof baseline REPORT... -o FILE)")
     known = baseline.load(settings.baseline)  # checked at start-up; read again here, on the rank that needs it
 
     def decide(_nothing):
         """On rank 0, which holds every rank's figures: what regressed, by rank."""
-        run = request.config.stash[REPORT_KEY]
+        run = report.so_far()
         data = run.to_json()
         key = judge.key_of(data)
         entry = judge.entry_for(known, key)

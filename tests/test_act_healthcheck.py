@@ -4,7 +4,7 @@ contract: exit 1 only when the node is taken out of service (here --scheduler no
 - started as a rank of someone else's job (RANK, WORLD_SIZE, SLURM_PROCID ... set, as under srun or in a Prolog),
   with torch's all_reduce broken underneath (tests/fixtures/broken_allreduce on PYTHONPATH): it launches its own
   ranks, the hardware-classified check fails, and the node would be drained (exit 1);
-- the scheduler allocated GPUs (SLURM_GPUS_ON_NODE) and none is visible: hardware, exit 1;
+- the scheduler allocated GPUs (SLURM_GPUS_ON_NODE), none is visible and no NVIDIA runtime is here: an alert, exit 0;
 - bad input: nothing ran, the node stays in service (exit 0).
 """
 
@@ -51,12 +51,14 @@ def test_without_the_broken_library_the_same_run_stays_in_service(tmp_path):
     assert "validate exit 0 (every check ran and passed); this node stays in service; exit 0" in proc.stdout
 
 
-def test_gpus_the_scheduler_allocated_and_none_visible_take_the_node_out(tmp_path):
+def test_gpus_the_scheduler_allocated_without_the_nvidia_runtime_alert_and_stay(tmp_path):
+    """The scheduler allocated GPUs and none is visible, but NVML and libcuda are not here at all: the runtime's to
+    fix (an alert with its fix), not a node to drain (judge/reach.py)."""
     proc = _healthcheck(tmp_path, "--tier", "fast", SLURM_GPUS_ON_NODE="2")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
-    assert "# stackproof act: n2: drain: stackproof: no GPU visible, SLURM_GPUS_ON_NODE=2" in out, out[-4000:]
-    assert "validate exit 3" in out
+    assert proc.returncode == 0, out[-4000:]
+    assert "# stackproof act: n2: alert: stackproof: NVIDIA runtime" in out, out[-4000:]
+    assert "validate exit 3" in out and "this node stays in service; exit 0" in out
 
 
 def test_bad_input_keeps_the_node_in_service(tmp_path):

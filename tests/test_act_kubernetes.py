@@ -283,3 +283,4 @@ def test_daemonset_flags_are_healthcheck_flags():
     settings, act = ValidateConfig.from_args(args), ActConfig.from_args(args)
     assert settings.tier == "fast" and settings.run_timeout <= 3600 and act.scheduler == "kubernetes"
     assert act.skip_busy_gpus
+    assert act.ranks_budget_s >= settings.run_timeout  # --deadline leaves the ranks their --run-timeout

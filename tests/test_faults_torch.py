@@ -74,3 +74,45 @@ def test_ddp_faults_every_rank_may_agree_on_are_caught(tmp_path, fault, words):
     assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
     message = failed_messages(report)["ddp_resnet::one_step_equals_a_single_process_reference"]
     assert "failed on rank(s) [0, 1] of 2" in message and words in message, message
+
+
+def findings_of(report, name):
+    return next(check["findings"] for check in report["checks"] if check["name"] == name)
+
+
+def test_data_moved_wrong_is_a_finding_on_the_link_with_the_byte(tmp_path):
+    """One byte wrong in what rank 1 receives by send/recv and all_to_all_single, and in every all_reduce of the
+    sweep's mid range: each path's check fails on the rank that received it, naming the byte."""
+    proc, report = validate_with_faults(
+        tmp_path, ["send-recv-corrupts", "all-to-all-corrupts", "mid-range-corrupts"],
+        "--timeout", "60", "-k", "all_to_all_single or send_recv_between or local_pairs or all_reduce_busbw")
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = failed_messages(report)
+    for dtype in ("float32", "bfloat16", "int64"):
+        for splits in ("even", "uneven"):
+            assert "failed on rank(s) [1] of 2" in failed[f"collectives::all_to_all_single[{splits}-{dtype}]"]
+        assert "from rank 0 to rank 1" in failed[f"collectives::send_recv_between_every_pair[{dtype}]"]
+    pairs = findings_of(report, "pairwise::local_pairs")
+    assert [(f["rank"], f["category"], f["severity"]) for f in pairs] == [(1, "interconnect", "isolate")]
+    assert "data through send/recv" in pairs[0]["check"] and "from rank 0 to rank 1" in pairs[0]["expected"]
+    assert "byte 524288 of 1048576" in pairs[0]["found"] and "(1 byte(s) wrong" in pairs[0]["found"]
+    sweep = findings_of(report, "bandwidth::all_reduce_busbw")
+    assert {f["rank"] for f in sweep} == {0, 1} and all(f["category"] == "interconnect" for f in sweep)
+    assert any("of 65536 B" in f["expected"] for f in sweep)
+    assert set(failed) == {*(f"collectives::all_to_all_single[{s}-{d}]" for s in ("even", "uneven") for d in
+                             ("float32", "float16", "bfloat16", "float64", "int32", "int64")),
+                           *(f"collectives::send_recv_between_every_pair[{d}]" for d in
+                             ("float32", "float16", "bfloat16", "float64", "int32", "int64")),
+                           "pairwise::local_pairs", "bandwidth::all_reduce_busbw"}
+
+
+@pytest.mark.parametrize("fault", ["compile-returns-eager", "TORCH_COMPILE_DISABLE"])
+def test_compile_handing_back_eager_fails_as_software_pins(tmp_path, fault):
+    if fault == "TORCH_COMPILE_DISABLE":
+        proc, report = validate(tmp_path, "--nproc", "2", "-k", "compile", env_extra={"TORCH_COMPILE_DISABLE": "1"})
+    else:
+        proc, report = validate_with_faults(tmp_path, [fault], "-k", "compile")
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    findings = findings_of(report, "compile::torch_compile_matches_eager")
+    assert {f["category"] for f in findings} == {"software-pins"}, findings
+    assert all("dynamo traced no graph" in f["found"] for f in findings), findings

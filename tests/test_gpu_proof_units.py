@@ -10,8 +10,8 @@ import pynvml
 import pytest
 import torch
 
-from stackproof.judge import bars, hardware
-from stackproof.measure import gpu_proof, health, topology
+from stackproof.judge import bars, hardware, per_gpu
+from stackproof.measure import gpu_proof, health, topology, watermark
 
 NO_SYSFS = "/nonexistent/sysfs"  # the GPU's own PCIe width then falls back to NVML's
 QUIET_KERNEL_LOG = str(Path(__file__).parent / "fixtures" / "kmsg" / "h200-healthy.log")
@@ -215,19 +215,19 @@ def test_exact_gemm_is_exact_on_a_good_device_and_catches_one_ulp():
 # --- Cross-rank decisions ----------------------------------------------------------------------------------------
 
 def test_odd_ones_out_names_the_minority_and_everyone_on_a_tie():
-    assert gpu_proof.odd_ones_out(["a", "a", "b", "a"]) == [2]
-    assert gpu_proof.odd_ones_out(["a", "a"]) == []
-    assert gpu_proof.odd_ones_out(["a"]) == [] and gpu_proof.odd_ones_out([]) == []
-    assert gpu_proof.odd_ones_out(["a", "b"]) == [0, 1]  # two GPUs that disagree: no majority
-    assert gpu_proof.odd_ones_out(["a", "b"], trusted=[True, False]) == [1]  # the exact GEMM breaks the tie
-    assert gpu_proof.odd_ones_out(["a", "b"], trusted=[False, False]) == [0, 1]
+    assert per_gpu.odd_ones_out(["a", "a", "b", "a"]) == [2]
+    assert per_gpu.odd_ones_out(["a", "a"]) == []
+    assert per_gpu.odd_ones_out(["a"]) == [] and per_gpu.odd_ones_out([]) == []
+    assert per_gpu.odd_ones_out(["a", "b"]) == [0, 1]  # two GPUs that disagree: no majority
+    assert per_gpu.odd_ones_out(["a", "b"], trusted=[True, False]) == [1]  # the exact GEMM breaks the tie
+    assert per_gpu.odd_ones_out(["a", "b"], trusted=[False, False]) == [0, 1]
 
 
 def test_below_median_names_the_slow_ones():
-    assert gpu_proof.below_median([790.0, 795.0, 600.0, 799.0], 0.10) == [2]
-    assert gpu_proof.below_median([790.0, 720.0, 799.0], 0.10) == []  # 720 is 8.9% below the median 790
-    assert gpu_proof.below_median([790.0, 395.0], 0.10) == [1]  # two GPUs: the median is their mean
-    assert gpu_proof.below_median([], 0.10) == []
+    assert per_gpu.below_median([790.0, 795.0, 600.0, 799.0], 0.10) == [2]
+    assert per_gpu.below_median([790.0, 720.0, 799.0], 0.10) == []  # 720 is 8.9% below the median 790
+    assert per_gpu.below_median([790.0, 395.0], 0.10) == [1]  # two GPUs: the median is their mean
+    assert per_gpu.below_median([], 0.10) == []
 
 
 def test_digests_compare_only_within_a_model_and_say_what_was_expected():
@@ -235,7 +235,7 @@ def test_digests_compare_only_within_a_model_and_say_what_was_expected():
                {"model": "H200 (132 SMs)", "digest": "d2", "exact": False},
                {"model": "H100 (132 SMs)", "digest": "e1", "exact": True},
                {"model": "H100 (132 SMs)", "digest": "e1", "exact": True}]
-    verdict = gpu_proof.odd_ones_out_by_model(entries)
+    verdict = per_gpu.odd_ones_out_by_model(entries)
     assert verdict["odd"] == [{"rank": 1, "found": "d2", "expected": "d1"}]
     assert verdict["reference"] == {"H200 (132 SMs)": "d1", "H100 (132 SMs)": "e1"}
 
@@ -243,18 +243,26 @@ def test_digests_compare_only_within_a_model_and_say_what_was_expected():
 def test_gemm_median_is_per_model():
     entries = [{"model": model, "value": value} for model, value in (
         ("H200", 790e12), ("H200", 400e12), ("A100", 280e12), ("A100", 281e12), ("A100", 279e12))]
-    verdict = gpu_proof.below_median_by_model(entries, 0.10)
+    verdict = per_gpu.below_median_by_model(entries, 0.10)
     assert [s["rank"] for s in verdict["slow"]] == [1]
     assert verdict["median"]["A100"] == 280e12 and verdict["slow"][0]["median"] == 595e12
-    failed = gpu_proof.below_median_by_model([{"model": "H200", "value": None}, *entries[:2]], 0.10)
+    failed = per_gpu.below_median_by_model([{"model": "H200", "value": None}, *entries[:2]], 0.10)
     assert [s["rank"] for s in failed["slow"]] == [2]  # a rank whose measurement failed neither votes nor counts
 
 
 # --- Health history: every NVML path -----------------------------------------------------------------------------
 
-def checkup(**changes):
+def checkup(memory=None, **changes):
     nvml = h200_nvml(**changes)
-    return health.examine(nvml, "handle", topology.read_gpu(nvml, 0, NO_SYSFS), set(), QUIET_KERNEL_LOG)
+    return health.examine(nvml, "handle", topology.read_gpu(nvml, 0, NO_SYSFS), set(), QUIET_KERNEL_LOG,
+                          memory=memory)
+
+
+def since_a_healthy_look(tmp_path, **changes):
+    """The checkup after a first look at the healthy H200 (its counters at 0) kept in a state folder."""
+    memory = watermark.Memory(tmp_path / "state", "node-a", boot="boot-1")
+    assert checkup(memory).findings == []
+    return checkup(memory, **changes)
 
 
 def only(findings):
@@ -282,8 +290,8 @@ def test_a_healthy_h200_has_no_findings_even_at_idle_pcie_gen1():
         7, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY) else 0}, "NVLink recovery errors", "interconnect", "triage"),
     ({"nvmlDeviceGetTemperature": lambda sensor: 88}, "temperature", "gpu-hardware", "triage"),
 ])
-def test_each_health_record_becomes_a_finding_naming_the_gpu(changes, check, category, severity):
-    finding = only(checkup(**changes).findings)
+def test_each_health_record_becomes_a_finding_naming_the_gpu(changes, check, category, severity, tmp_path):
+    finding = only(since_a_healthy_look(tmp_path, **changes).findings)
     assert (finding.check, finding.category, finding.severity) == (check, category, severity)
     text = str(finding)
     assert text.startswith("GPU 0 GPU-8c1d7f3a-0000-4000-8000-000000000001: ") and "expected" in text
@@ -296,10 +304,10 @@ def test_chosen_clock_limits_are_not_trouble():
     assert checkup(nvmlDeviceGetCurrentClocksEventReasons=reasons).findings == []
 
 
-def test_nvlink_replays_fail_naming_the_links_and_crc_counts_are_reported():
-    result = checkup(nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 2 if link in (3, 4) and counter == (
-        pynvml.NVML_NVLINK_ERROR_DL_REPLAY) else 0)
-    assert only(result.findings).found == "link 3: 2, link 4: 2"
+def test_nvlink_replays_fail_naming_the_links_and_crc_counts_are_reported(tmp_path):
+    result = since_a_healthy_look(tmp_path, nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 2 if link in (
+        3, 4) and counter == pynvml.NVML_NVLINK_ERROR_DL_REPLAY else 0)
+    assert only(result.findings).found == "link 3: +2, link 4: +2"
     # As seen on a healthy H200: CRC data errors the link corrected itself, no replay or recovery.
     crc = checkup(nvmlDeviceGetNvLinkErrorCounter=lambda link, counter: 510 if link == 2 and counter == (
         pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA) else 0)

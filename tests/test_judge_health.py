@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from stackproof.act import policy
 from stackproof.judge import bars, hardware
 from stackproof.judge import health as rules
 from stackproof.measure import health, topology
@@ -49,6 +50,9 @@ def with_nvlinks(recording: dict, down: tuple[int, ...] = (), links: int = H200_
     for link in range(links):
         for counter in range(4):
             answer(recording, "nvmlDeviceGetNvLinkErrorCounter", 0, [link, counter], gpu)
+        # Each link is wired to an NVSwitch, up or down: NVML names its far end.
+        answer(recording, "nvmlDeviceGetNvLinkRemotePciInfo", {"busId": f"00000000:{0xa0 + link % 4:02x}:00.0"},
+               [link], gpu)
     field = table["nvmlDeviceGetFieldValues"][json.dumps([[FIELD_NVLINK_SPEED_COMMON]])][0]
     field.update(nvmlReturn=NVML_SUCCESS, valueType=1, value={**field["value"], "uiVal": H200_NVLINK_MBPS})
     return recording
@@ -221,6 +225,17 @@ def test_a_foreign_process_holding_100_gib_is_named(replay):
     assert set(found) == {"other processes on the GPU", "memory in use before the run"}
     assert found["other processes on the GPU"].found == "pid 4242 (python3) holding 100.0 GiB"
     assert found["memory in use before the run"].found == "100.6 GiB in use beyond this run's processes"
+    # The DaemonSet or a HealthCheckProgram: no job was given the GPU yet, an alert.
+    assert {policy.of(f) for f in found.values()} == {policy.ALERT}
+    # A Prolog: job 777 was given this GPU; the leftover keeps the job off the node (a drain, naming the pid).
+    replay(held)
+    with topology.nvml_session() as nvml:
+        gpu = topology.read_gpu(nvml, 0, SYSFS)
+        prolog = health.examine(nvml, nvml.nvmlDeviceGetHandleByIndex(0), gpu, {RECORDING["pid"]}, QUIET_LOG,
+                                job="777").findings
+    held_by = {f.check: f for f in prolog}["other processes on the GPU"]
+    assert (held_by.category, held_by.severity, policy.of(held_by)) == ("gpu-hardware", "reset", policy.DRAIN)
+    assert "job 777" in held_by.action and "kill 4242" in held_by.action and "nvidia-smi -r -i 0" in held_by.action
 
 
 def test_this_runs_own_rank_is_not_another_process(replay):
@@ -288,6 +303,14 @@ def test_the_bus_says_how_many_gpus_are_expected(tmp_path):
     assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "void"}, two)[0] == 0
     assert visibility.expected_gpus(None, {}, None)[0] == 0  # no bus visible: today's rule
     assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "all"}, None)[0] == 1
+    # A list of devices expects every one of them (issue 25): a Prolog's job given 8 GPUs on a node that lost 7.
+    eight = ",".join(map(str, range(8)))
+    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": eight}, two) == (8, f"CUDA_VISIBLE_DEVICES={eight}")
+    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c"}, None)[0] == 3
+    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c",
+                                           "CUDA_VISIBLE_DEVICES": "0,1"}, None)[0] == 2  # CUDA's choice within
+    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "0,-1,2"}, two)[0] == 1  # CUDA stops at -1
+    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "-1"}, two)[0] == 0
 
 
 def test_a_gpu_on_the_bus_but_not_to_nvml_is_named(replay, tmp_path):

@@ -61,3 +61,6 @@ def test_a_rank_that_never_answers_its_pair_is_named_not_waited_for(tmp_path):
     assert proc.returncode == 4, proc.stdout[-4000:]
     assert "rank(s) [1] stalled outside any collective (rank 1 at faults.py:" in report["message"], report["message"]
     assert report["checks"][0]["name"] == "pairwise::local_pairs" and report["checks"][0]["failed_ranks"] == [1]
+    # A CPU rank stalled in its own code is a tool timeout, never a GPU hang (judge/hang.py, issue 25).
+    assert [(f["check"], f["category"], f["rank"]) for f in report["checks"][0]["findings"]] == [
+        ("check timed out", "tool-error", 1)]

@@ -26,6 +26,7 @@ import pytest
 from test_validate_cpu import EXIT_FAILED, EXIT_OK, validate
 
 from stackproof.images.matrix import REPO_ROOT
+from stackproof.judge.findings import Finding
 from stackproof.report import metrics
 from stackproof.report.record import Check, Figure, Report
 
@@ -114,7 +115,9 @@ def test_the_textfile_passes_promtool_lint_and_names_node_gpu_and_check(binaries
         Check("test_02_per_gpu.py::test_hbm_bandwidth", figures={
             "hbm@h1:0": Figure(4.2, "TB/s"), "hbm@h1:1": Figure(3.1, "TB/s"), "hbm_bar": Figure(3.37, "TB/s")},
               rank_figures={1: {"hbm": Figure(3.1, "TB/s")}}, outcome="failed", failed_ranks=[1],
-              category="performance", severity="triage", hint='compare with a good "node"'),
+              findings=[Finding(1, "GPU-1", "HBM copy", ">= 3.37 TB/s", "3.1 TB/s", "performance", "triage", "x",
+                                node="n1", rank=1, source="per_gpu::hbm_bandwidth")],
+              hint='compare with a good "node"'),
         Check("test_01_host.py::test_dev_shm", outcome="skipped")]
     report.planned = [c.nodeid for c in report.checks]
     running = report.prometheus()

@@ -83,6 +83,25 @@ def test_a_gpu_missing_from_the_node_is_named(made, good):
     assert (finding.category, finding.severity) == ("gpu-hardware", "isolate")
 
 
+def test_gpus_a_job_uses_that_the_run_skipped_count_as_there(made, good):
+    """healthcheck --skip-busy-gpus on a node running a job on one of its 2 GPUs: the spec counts it (issue 25)."""
+    assert spec.judge_spec(made, rows_of(good)[:1], skipped=1) == []
+    assert spec.key_of(rows_of(good)[:1], skipped=1) == {"gpu": "NVIDIA H200", "gpus_per_node": 2}
+    (finding,) = spec.judge_spec(made, rows_of(good)[:1], skipped=0)
+    assert (finding.expected, finding.found) == ("2", "1")
+
+
+def test_healthcheck_tells_the_run_which_gpus_it_skipped():
+    from stackproof.act import hardware
+
+    use = [hardware.GpuUse(0, "GPU-0", ()), hardware.GpuUse(1, "GPU-1", (4242,)), hardware.GpuUse(2, "GPU-2", (7,))]
+    plan = hardware.idle_plan(use, expect_gpus=3)
+    assert (plan.cuda_visible_devices, plan.expect_gpus, plan.skipped) == ("GPU-0", 1, "GPU-1,GPU-2")
+    from stackproof.run.config import ValidateConfig
+
+    assert ValidateConfig(skipped_gpus=plan.skipped).skipped_gpu_count == 2
+
+
 def test_another_gpu_model_is_not_held_to_this_spec(made, good):
     rows = rows_of(good)
     for row in rows:

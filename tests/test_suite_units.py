@@ -160,7 +160,7 @@ def test_a_fault_on_a_rank_that_does_not_exist_is_bad_input():
 
 
 def test_odd_ones_out_and_joint_outcome():
-    from stackproof.run import consensus
+    from stackproof.judge import consensus
 
     assert consensus.odd_ones_out(["a", "a", "b", "a"]) == [2]
     assert consensus.odd_ones_out(["a", "b"]) == [1]  # a tie: rank 0 is the reference

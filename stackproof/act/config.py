@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from stackproof.act import deadline as budget
 from stackproof.act.breaker import limit_problem
 from stackproof.settings import Settings, at_least, node_name, option, seconds
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
+# The whole healthcheck: slurmd kills a HealthCheckProgram at 60 s; 3 s are left for the interpreter's start and
+# exit around the command. A DaemonSet, which no such limit holds, passes its own --deadline.
+DEADLINE_S = 57.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +37,15 @@ class ActConfig(Settings):
                                      "the failure is then reported and alerted on, not acted on",
                               metavar="N|P%", check=limit_problem)
 
+    deadline: float = option(
+        DEADLINE_S, f"seconds the whole healthcheck may take, validate and act together: validate's --run-timeout "
+                    f"is cut to what is left once the NVML survey, stopping the ranks and --act-budget are kept (the "
+                    f"default ends {budget.SLURMD_LIMIT_S - DEADLINE_S:g} s before slurmd kills a HealthCheckProgram "
+                    f"at {budget.SLURMD_LIMIT_S:g} s)", metavar="S", check=positive)
+    act_budget: float = option(12.0, "seconds of --deadline kept for acting (the breaker's count, the drain): each "
+                                     "call at most --act-timeout and at most what is left of --deadline",
+                               metavar="S", check=positive)
+
     skip_busy_gpus: bool = option(False, "check only the GPUs no process is using (NVML), saying which are "
                                          "skipped and expecting that many fewer; every GPU busy: check nothing, "
                                          "exit 0 (the DaemonSet, which holds no GPU, sets it)")
@@ -43,4 +56,11 @@ class ActConfig(Settings):
             problems.append(f"--scheduler: expected the flag, with one of {', '.join(SCHEDULERS)}, found no "
                             "--scheduler; fix: pass --scheduler slurm or kubernetes to act, or --scheduler none to "
                             "only say what would be done")
+        if not problems and (split := budget.problem(self.deadline, self.act_budget)):
+            problems.append(split)
         self.refuse(problems, "stackproof act --help, stackproof healthcheck --help")
+
+    @property
+    def ranks_budget_s(self) -> float:
+        """validate's --run-timeout under --deadline (healthcheck takes the smaller of the two)."""
+        return budget.ranks_budget_s(self.deadline, self.act_budget)

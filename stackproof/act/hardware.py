@@ -40,6 +40,7 @@ class IdlePlan:
     expect_gpus: int | None
     words: str  # what is skipped and why, for the log
     nothing_idle: bool = False
+    skipped: str | None = None  # the busy GPUs' UUIDs, comma-separated (validate --skipped-gpus: the spec counts them)
 
 
 def idle_plan(use: list[GpuUse], expect_gpus: int | None) -> IdlePlan:
@@ -48,11 +49,12 @@ def idle_plan(use: list[GpuUse], expect_gpus: int | None) -> IdlePlan:
     busy = [g for g in use if g.pids]
     if not busy:
         return IdlePlan(None, expect_gpus, "")
+    skipped = ",".join(g.uuid for g in busy)
     idle = [g for g in use if not g.pids]
     named = "; ".join(f"GPU {g.index} {g.uuid} (pid {', '.join(map(str, g.pids))})" for g in busy)
     expect = None if expect_gpus is None else max(0, expect_gpus - len(busy))
     if not idle:
-        return IdlePlan(None, expect, f"every GPU is in use, not checked: {named}", nothing_idle=True)
+        return IdlePlan(None, expect, f"every GPU is in use, not checked: {named}", nothing_idle=True, skipped=skipped)
     return IdlePlan(",".join(g.uuid for g in idle), expect,
                     f"skipping {len(busy)} GPU(s) in use: {named}; checking {len(idle)}"
-                    + (f", expecting {expect}" if expect is not None else ""))
+                    + (f", expecting {expect}" if expect is not None else ""), skipped=skipped)

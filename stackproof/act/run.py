@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from stackproof.act import breaker, decide, hardware, kubernetes, policy, slurm, tool
+from stackproof.act import breaker, deadline, decide, hardware, kubernetes, policy, slurm, tool
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
 from stackproof.measure.identity import node_name
@@ -39,12 +39,15 @@ def _say(out: IO[str]):
     return lambda text: print(f"# stackproof act: {text}", file=out, flush=True)
 
 
-def act(decision: decide.Decision, settings: ActConfig, out: IO[str]) -> tuple[decide.Decision, list[str]]:
+def act(decision: decide.Decision, settings: ActConfig, out: IO[str],
+        clock: deadline.Deadline | None = None) -> tuple[decide.Decision, list[str]]:
     """Perform the decision through settings.scheduler's tool, saying each step on `out` ('#' lines): first the
     circuit breaker (drains the fleet cannot take are withheld), then every node's commands; a node whose
     command fails is said and the next node is still acted on. (the decision as done, the failures)."""
     scheduler = SCHEDULERS.get(settings.scheduler or "")
     say = _say(out)
+    if clock is not None:  # healthcheck: every scheduler call within what is left of its --deadline
+        settings = dataclasses.replace(settings, act_timeout=max(0.1, clock.call_timeout(settings.act_timeout)))
     if decision.drains and scheduler:
         decision = _circuit_breaker(decision, settings, scheduler, say)
     elif decision.drains:  # --scheduler none: no fleet to count, but the cap still holds for this run's nodes
@@ -154,6 +157,7 @@ def plan(validate_settings: ValidateConfig, settings: ActConfig, env: dict[str, 
         if idle.cuda_visible_devices is not None:
             changes["visible_devices"] = idle.cuda_visible_devices
             changes["expect_gpus"] = idle.expect_gpus
+            changes["skipped_gpus"] = idle.skipped
     return Plan(node, dataclasses.replace(validate_settings, **changes), tuple(said))
 
 
@@ -163,6 +167,7 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
     an alert, a withheld drain, a tool error, bad input) exits 0 with the reason on `out`."""
     from stackproof.run.launcher import launch
 
+    clock = deadline.Deadline.start(settings.deadline)
     say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
     forgot = as_launcher()
     if forgot:
@@ -178,7 +183,7 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
         say(line)
     if the_plan.nothing_to_check:
         return _contract("validate not run", None, out)
-    run_settings = _writable_reports(the_plan.validate, say)
+    run_settings = _writable_reports(deadline.fit(the_plan.validate, settings), say)
     started = time.time()
     try:
         record = launch(run_settings)
@@ -186,7 +191,7 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
         return bad_input(err, out)
     outcome = f"validate exit {int(record.exit_code)} ({record.exit_code.meaning})"
     decision = decide.decide(record, not_before=started, max_nodes=settings.max_nodes, node=the_plan.node)
-    done, _failures = act(decision, settings, out)
+    done, _failures = act(decision, settings, out, clock)
     return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stackproof.judge.bars import nvlinks_expected, pcie_expected
-from stackproof.judge.findings import RESET, RMA, Finding, tool_error
+from stackproof.judge.findings import RESET, RMA, Finding
 
 if TYPE_CHECKING:
     from stackproof.measure.topology import Gpu
@@ -21,6 +21,14 @@ def _same_model(gpu: Gpu, peers: list[Gpu]) -> list[Gpu]:
     return [p for p in peers if p.name == gpu.name and p.uuid != gpu.uuid]
 
 
+def nvlinks_down(gpu: Gpu, same_model: list[Gpu]) -> list[int]:
+    """The GPU's links that should be up and are not: its wired links down, and the slots NVML names no far end
+    for that the node's other GPUs of this model have up (their link N up: this GPU's link N is one it has). A
+    PCIe card without a bridge, on a node of such cards, has none (cf. NVIDIA/NVSentinel#1481, DCGM#49)."""
+    up_on_peers = {link for peer in same_model for link in peer.nvlinks_up}
+    return sorted(set(gpu.nvlinks_down) | (set(gpu.nvlinks_unwired) & up_on_peers))
+
+
 def findings(gpu: Gpu, peers: list[Gpu]) -> list[Finding]:
     """What this GPU lacks of what it should have. `peers`: the node's GPUs NVML sees (this one may be among)."""
     found: list[Finding] = []
@@ -28,13 +36,14 @@ def findings(gpu: Gpu, peers: list[Gpu]) -> list[Finding]:
     def finding(check, expected, what, category, severity, action):
         found.append(Finding(gpu.index, gpu.uuid, check, expected, what, category, severity, action))
 
-    if gpu.nvlinks_down:
-        finding("NVLink down", f"all {gpu.nvlink_supported} NVLinks of the GPU up",
-                f"link(s) {', '.join(map(str, gpu.nvlinks_down))} down ({gpu.nvlink_active} up)", "interconnect",
-                "reset", NVLINK_FIX)
     same_model = _same_model(gpu, peers)
+    down = nvlinks_down(gpu, same_model)
+    if down:
+        finding("NVLink down", f"all {len(gpu.nvlinks_up) + len(down)} NVLinks of the GPU up",
+                f"link(s) {', '.join(map(str, down))} down ({gpu.nvlink_active} up)", "interconnect",
+                "reset", NVLINK_FIX)
     expected_links = nvlinks_expected(gpu, same_model)
-    if gpu.nvlink_supported is not None and gpu.nvlink_supported < expected_links:
+    if gpu.nvlink_supported is not None and gpu.nvlink_supported + len(down) - len(gpu.nvlinks_down) < expected_links:
         finding("NVLinks present", f"{expected_links} NVLinks, as the node's other {gpu.name} GPUs have",
                 f"{gpu.nvlink_supported}", "interconnect", "isolate", NVLINK_FIX)
 
@@ -91,27 +100,21 @@ GPUS_MISSING = ("gpu-hardware", "isolate")  # GPUs the scheduler allocated or th
 GPU_HANG = ("gpu-hardware", "reset")  # the watchdog's stall of one rank that drives a GPU
 
 
-def no_gpu_visible(expected: int, why: str, proven_there: bool) -> Finding:
-    """No GPU visible where `expected` were asked for (`why`). `proven_there`: the scheduler allocated them or the
-    PCI bus shows them, so the machine lost them (drain); otherwise the launch may have given the container none,
-    which is the operator's to fix (alert)."""
-    found, check = f"no GPU visible ({why})", f"no GPU visible, {why.split(' (')[0]}"
-    if proven_there:
-        return Finding(None, "n/a", check, f">= {expected} GPU(s)", found, *GPUS_MISSING,
-                       "the GPUs are there but neither NVML nor CUDA reaches them: drain the node, check the "
-                       "kernel log for Xid 79 / NVRM errors and nvidia-smi, reboot; if they stay missing, " + RMA)
-    return Finding(None, "n/a", check, f">= {expected} GPU(s)", found, "configuration", "triage",
-                   "give the container its GPUs (docker run --gpus all, or CDI; Kubernetes: an nvidia.com/gpu "
-                   "limit; Slurm: gres.conf), or validate on CPU on purpose with --expect-gpus 0")
+def unkillable(rank: int, pid: int, state: str, wchan: str, gpu_index: int | None = None, uuid: str = "n/a") -> Finding:
+    """A rank that outlived SIGKILL: the kernel cannot finish it (uninterruptible sleep, typically in the GPU
+    driver after an XID 79 or a hung GPU), and the GPU it holds stays held until a reset or a reboot."""
+    return Finding(gpu_index, uuid, "rank stopped", "the rank gone after SIGKILL",
+                   f"rank {rank} (pid {pid}) still there after SIGKILL, state {state}, waiting in the kernel at "
+                   f"{wchan}", "gpu-hardware", "reset",
+                   f"drain the node; reset the GPU (nvidia-smi -r) or reboot: the process cannot be killed "
+                   f"(cat /proc/{pid}/stack shows where it waits; an NFS or FUSE mount there is the mount's fault); "
+                   f"look for an XID in the kernel log")
 
 
-def stalled(check: str, message: str, ranks: list[int], gpus: dict[int, dict]) -> Finding:
-    """The watchdog's stall of `ranks` in `check`. One stalled rank that drives a GPU (`gpus`: rank -> its GPU) is
-    that GPU hung (a reset clears it); any other stall names no machine: the tool's timeout."""
-    if len(ranks) == 1 and gpus.get(ranks[0]):
-        gpu = gpus[ranks[0]]
-        return Finding(gpu.get("index"), str(gpu.get("uuid", "")), check, "every rank to finish the check",
-                       message, *GPU_HANG, RESET, rank=ranks[0],
-                       pci_bus_id=str(gpu.get("pci_bus_id") or ""))
-    return tool_error(check, message, "no single GPU is pinned: see every rank's stacks in the reports folder's "
-                                      "logs/ (a slow filesystem, a starved CPU, or a hung collective)")
+def nvml_stalled(why: str) -> Finding:
+    """NVML asked for the node's GPUs and not answering: the driver is stuck on a GPU (it answers in well under a
+    second otherwise)."""
+    return Finding(None, "n/a", "NVML answers", "the GPUs listed by NVML within the survey's deadline", why,
+                   "gpu-hardware", "reset", "drain the node and reboot it (a GPU reset needs an NVML that answers); "
+                   "look in the kernel log for the XID (79, 119 GSP timeout) that stuck the driver; if it recurs, "
+                   + RMA)

@@ -7,6 +7,7 @@ of retiring pages) and is no finding; any other NVML error is one ("n/a: NVML er
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 
 from stackproof.judge.findings import RESET, RMA, Finding
@@ -50,12 +51,26 @@ XIDS = {
     121: ("C2C link error", "interconnect", "reset", RESET),
     140: ("unrecovered ECC error", "gpu-hardware", "reset", RESET),
 }
-# XIDs an application causes (bad kernel, page fault, stopped process): reported, not held against the GPU.
-APPLICATION_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
-                    45: "preemptive cleanup, due to a previous error"}
+# XIDs an application causes (bad kernel, page fault, stopped process): the catalog's immediate action is
+# RESTART_APP, so they are readings, never held against the GPU (a tenant's bad kernel must not drain the node for
+# every later tenant).
+APPLICATION_XIDS = {8: "GPU stopped processing (idle timeout)", 13: "graphics engine exception",
+                    31: "GPU memory page fault", 43: "GPU stopped processing",
+                    45: "preemptive cleanup, due to a previous error", 109: "context switch timeout"}
+# An XID in neither table: someone looks it up; unclassified never drains (act/policy.py).
+UNKNOWN_XID = ("not in stackproof's table", "unclassified", "triage",
+               "look the XID up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) and act on its "
+               "resolution bucket")
 
 # "NVRM: Xid (PCI:0000:18:00): 79, pid=..., GPU has fallen off the bus."
 KERNEL_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?(.*)")
+# The driver's line when its kernel module loads (at boot, or reloaded after an upgrade or a reset of all GPUs).
+DRIVER_LOADED = "NVRM: loading NVIDIA"
+# The kernel log's stamps: dmesg's "[  123.456789] " (seconds since boot), /dev/kmsg's "6,812,123456789,-;"
+# (microseconds since boot), journalctl -o short-unix's "1764627123.456789 host kernel: " (wall time).
+DMESG_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
+KMSG_STAMP = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$", re.S)
+JOURNAL_STAMP = re.compile(r"^(\d+\.\d+) \S+ kernel: ?(.*)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +85,39 @@ class Xid:
     xid: int
     source: str  # "kernel log" | "NVML event"
     text: str = ""
+    when: float | None = dataclasses.field(default=None, compare=False)  # wall time, where the log says
+
+
+@dataclasses.dataclass
+class KernelLog:
+    """The kernel log as read: (wall time or None, text) per record, where it came from, or why it was not read."""
+    records: list[tuple[float | None, str]]
+    source: str
+    error: str | None = None  # None: read (an empty log is a reading: nothing matched)
+
+
+def timed(line: str, booted_at: float) -> tuple[float | None, str]:
+    """A saved log's line with its wall time: dmesg's boot-relative stamp counted from `booted_at`, journalctl's
+    wall time as it is; a line with no stamp has no time (and is judged whatever the watermark)."""
+    if match := DMESG_STAMP.match(line):
+        return booted_at + float(match.group(1)), match.group(2)
+    if match := JOURNAL_STAMP.match(line):
+        return float(match.group(1)), match.group(2)
+    return None, line
+
+
+def kmsg_record(record: str, booted_at: float) -> tuple[float | None, str]:
+    """One /dev/kmsg record ("prio,seq,usec,flags;text", continuation lines after it) with its wall time."""
+    if match := KMSG_STAMP.match(record):
+        return booted_at + int(match.group(1)) / 1e6, match.group(2).split("\n", 1)[0]
+    return None, record.rstrip("\n")
+
+
+def journal_record(line: str) -> tuple[float | None, str]:
+    """One line of journalctl -o short-unix, with its wall time."""
+    if match := JOURNAL_STAMP.match(line):
+        return float(match.group(1)), match.group(2)
+    return None, line
 
 
 @dataclasses.dataclass
@@ -85,23 +133,37 @@ class HealthReading:
     processes: list[Process] = dataclasses.field(default_factory=list)
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
-    xids: list[Xid] = dataclasses.field(default_factory=list)
-    kernel_log: str = "n/a"  # where the XIDs were read from, or why not
+    xids: list[Xid] = dataclasses.field(default_factory=list)  # the kernel log's, after the watermark
+    kernel_log: str = "n/a"  # where the XIDs were read from
+    kernel_log_error: str | None = None  # why the kernel log was not read (None: it was)
     nvml_errors: dict[str, str] = dataclasses.field(default_factory=dict)  # {what was asked: "NVML error X"}
+    # The last look at this GPU (measure/watermark.py): its counters (None: this is the first reading, which
+    # judges no counter as old evidence) and the time the kernel log was judged up to (None: never).
+    nvlink_errors_before: dict[int, dict[str, int]] | None = None
+    looked_at_before: float | None = None
+    state_problem: str = ""  # the state folder could not be read or written
 
 
-def kernel_xids(lines: list[str], pci_bus_id: str | None) -> list[Xid]:
+def kernel_xids(lines: list[str] | list[tuple[float | None, str]], pci_bus_id: str | None,
+                since: float | None = None) -> list[Xid]:
     """The XIDs the kernel log names for the GPU at this PCI address (NVML's "00000000:18:00.0"; the driver
-    prints "0000:18:00")."""
+    prints "0000:18:00"), logged after `since` (the last look's watermark; a record without a time counts) and
+    after the driver last loaded (which reset every GPU)."""
     if not pci_bus_id:
         return []
     domain, bus, rest = pci_bus_id.split(":", 2)
     want = f"{int(domain, 16):04x}:{bus}:{rest.split('.')[0]}".lower()
     found = []
-    for line in lines:
+    for record in lines:
+        when, line = record if isinstance(record, tuple) else (None, record)
+        if DRIVER_LOADED in line:
+            found = []  # the driver was loaded again: every GPU was reset since the XIDs before this line
+            continue
+        if since is not None and when is not None and when <= since:
+            continue
         match = KERNEL_XID.search(line)
         if match and match.group(1).lower().removesuffix(".0") == want:
-            found.append(Xid(int(match.group(2)), "kernel log", match.group(3).strip(" ,")))
+            found.append(Xid(int(match.group(2)), "kernel log", match.group(3).strip(" ,"), when))
     return found
 
 
@@ -124,12 +186,11 @@ def xid_findings(gpu_index: int, uuid: str, xids: list[Xid]) -> list[Finding]:
         if event.xid in APPLICATION_XIDS or (event.xid, event.source) in seen:
             continue
         seen.add((event.xid, event.source))
-        meaning, category, severity, action = XIDS.get(event.xid, (
-            "not in stackproof's table", "gpu-hardware", "triage",
-            "look the XID up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)"))
+        meaning, category, severity, action = XIDS.get(event.xid, UNKNOWN_XID)
         count = sum(e.xid == event.xid and e.source == event.source for e in xids)
         found.append(Finding(gpu_index, uuid, f"XID {event.xid}", f"no XID ({event.source})",
                              f"XID {event.xid}: {meaning}" + (f" (x{count})" if count > 1 else "")
+                             + (f", logged{_at(event.when)}" if event.source == "kernel log" and event.when else "")
                              + (f": {event.text}" if event.text else ""), category, severity, action))
     return found
 
@@ -146,9 +207,10 @@ def foreign_processes(reading: HealthReading, own_pids: set[int], own_count: int
 
 
 def judge(gpu_index: int, uuid: str, ecc_enabled: bool | None, reading: HealthReading, own_pids: set[int],
-          own_count: int = 1) -> list[Finding]:
+          own_count: int = 1, job: str | None = None) -> list[Finding]:
     """Every finding about this GPU's health at rest. `own_pids`: this run's processes on the node; `own_count`:
-    how many of them use this GPU (its rank)."""
+    how many of them use this GPU (its rank); `job`: the job this GPU was given to (a Prolog's), which another
+    process holding it keeps off the node."""
     found: list[Finding] = []
 
     def finding(check, expected, what, category, severity, action):
@@ -175,36 +237,74 @@ def judge(gpu_index: int, uuid: str, ecc_enabled: bool | None, reading: HealthRe
     # CRC flit/data errors are corrected by the link's own retry: a healthy H200 counted thousands of CRC data
     # errors, climbing with traffic, while replay and recovery stayed 0. DCGM judges CRC by its rate, which one
     # reading cannot give; so CRC counts are reported, and replays and recoveries (the link failing its retry, or
-    # retraining) fail.
-    for counter in ("replay", "recovery"):
-        bad = {link: counts[counter] for link, counts in reading.nvlink_errors.items() if counts.get(counter)}
-        if bad:
-            finding(f"NVLink {counter} errors", "0 since the counters were last cleared",
-                    ", ".join(f"link {link}: {count}" for link, count in bad.items()), "interconnect", "triage",
-                    "reset the GPU (which clears the counters) and rerun; errors that come back mean a bad NVLink "
-                    "(baseboard / NVSwitch tray): RMA")
+    # retraining) fail, counted since the node's previous reading: errors once, months ago, are not held against
+    # every later run, and the first reading only sets the baseline.
+    for counter, grown in nvlink_growth(reading).items():
+        finding(f"NVLink {counter} errors", f"0 new since the last look{_at(reading.looked_at_before)}",
+                ", ".join(f"link {link}: +{count}" for link, count in grown.items()), "interconnect", "triage",
+                "reset the GPU (which clears the counters) and rerun; errors that come back mean a bad NVLink "
+                "(baseboard / NVSwitch tray): RMA")
 
     if reading.temperature_c is not None and reading.slowdown_c and reading.temperature_c >= reading.slowdown_c:
         finding("temperature", f"below the slowdown threshold {reading.slowdown_c} C", f"{reading.temperature_c} C",
                 "gpu-hardware", "triage", COOLING)
 
+    # Someone else's process on the GPU: an alert, except where a job was given this GPU (a Prolog): then the
+    # job must not start on a GPU it cannot fill, and the node is kept from it until the GPU is freed.
+    held = ("gpu-hardware", "reset") if job else ("configuration", "triage")
+    for_job = f" before job {job} starts on it" if job else " before the node takes work"
     others = foreign_processes(reading, own_pids, own_count)
     if others:
-        finding("other processes on the GPU", "none but this run's ranks",
-                "; ".join(f"pid {p.pid} ({p.name}) holding {_gib(p.used_bytes)}" for p in others), "configuration",
-                "triage", "stop them before the node takes work (a crashed job's leftover: kill the pid, or reset "
-                "the GPU); nvidia-smi on the host names them")
+        pids = " ".join(str(p.pid) for p in others)
+        finding("other processes on the GPU", "none but this run's ranks" + (f" (the GPU is job {job}'s)" if job
+                                                                              else ""),
+                "; ".join(f"pid {p.pid} ({p.name}) holding {_gib(p.used_bytes)}" for p in others), *held,
+                f"free the GPU{for_job}: kill {pids} (a crashed job's leftover), or reset the GPU (nvidia-smi -r -i "
+                f"{gpu_index}); nvidia-smi on the host names them" + ("; then resume the node" if job else ""))
     in_use, total = memory_in_use(reading, others), reading.memory_total_bytes
     if in_use is not None and total and in_use > MEMORY_IN_USE_FRACTION * total:
         finding("memory in use before the run", f"at most {MEMORY_IN_USE_FRACTION:.0%} of "
                 f"{_gib(reading.memory_total_bytes)} used by others (the driver's own reservation)",
-                f"{_gib(in_use)} in use beyond this run's processes", "configuration", "triage",
-                "free the GPU (nvidia-smi shows who holds it; a process in another container shows there only by "
-                "its memory) or reset it")
+                f"{_gib(in_use)} in use beyond this run's processes", *held,
+                f"free the GPU{for_job} (nvidia-smi shows who holds it; a process in another container shows there "
+                f"only by its memory) or reset it (nvidia-smi -r -i {gpu_index})")
     found += xid_findings(gpu_index, uuid, reading.xids)
+    if reading.kernel_log_error:
+        # Not looked at is not a pass: the promise of this check says so, and nothing drains for it.
+        finding("kernel log", "the kernel log read for this GPU's XIDs", f"not read: {reading.kernel_log_error}",
+                "tool-error", "triage", "give the check the kernel log: /dev/kmsg readable (CAP_SYSLOG, or a "
+                "privileged container), journalctl with the host's journal mounted, or --kernel-log FILE")
+    if reading.state_problem:
+        finding("health state", "the last look's watermark and counters, kept in the state folder",
+                f"not kept: {reading.state_problem}", "configuration", "triage",
+                "give --state-dir (STACKPROOF_STATE_DIR) a writable folder kept between runs (the DaemonSet: a "
+                "hostPath); without it every look is a first one")
     for what, error in reading.nvml_errors.items():
         found.append(nvml_error_finding(gpu_index, uuid, what, error))
     return found
+
+
+def nvlink_growth(reading: HealthReading) -> dict[str, dict[int, int]]:
+    """{counter: {link: errors since the previous reading}} for the replay and recovery counters that grew. No
+    previous reading: nothing (the baseline is set now). A counter below its previous reading was cleared (a GPU
+    reset) since: all of it is new."""
+    before = reading.nvlink_errors_before
+    if before is None:
+        return {}
+    grown: dict[str, dict[int, int]] = {}
+    for counter in ("replay", "recovery"):
+        for link, counts in reading.nvlink_errors.items():
+            now, then = counts.get(counter), before.get(link, {}).get(counter, 0)
+            new = 0 if now is None else now - then if now >= then else now
+            if new > 0:
+                grown.setdefault(counter, {})[link] = new
+    return grown
+
+
+def _at(when: float | None) -> str:
+    if when is None:
+        return ""
+    return f" ({datetime.datetime.fromtimestamp(when, datetime.timezone.utc).isoformat(timespec='seconds')})"
 
 
 def memory_in_use(reading: HealthReading, others: list[Process]) -> int | None:
@@ -253,7 +353,9 @@ def readings(reading: HealthReading, pcie: str, serial: str | None, pci_bus_id: 
         "processes": "; ".join(f"{p.pid} ({p.name}) {_gib(p.used_bytes)}" for p in reading.processes) or "none",
         "memory_used_gib": "n/a" if reading.memory_used_bytes is None else round(reading.memory_used_bytes / GiB, 2),
         "xids": ", ".join(f"{x.xid} ({x.source})" for x in reading.xids) or "none",
-        "kernel_log": reading.kernel_log,
+        "kernel_log": reading.kernel_log if not reading.kernel_log_error else f"not read ({reading.kernel_log_error})",
+        "looked_at_before": "never (first look)" if reading.looked_at_before is None else _at(
+            reading.looked_at_before).strip(" ()"),
     }
 
 

@@ -134,16 +134,18 @@ def by_node(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, An
     return nodes
 
 
-def node_facts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The node-wide facts of one node's rows: its GPU count, and its driver (the first that answered)."""
+def node_facts(rows: Sequence[Mapping[str, Any]], skipped: int = 0) -> dict[str, Any]:
+    """The node-wide facts of one node's rows: its GPU count (with the `skipped` GPUs a job was using, which the
+    run left alone: there, not measured), and its driver (the first that answered)."""
     drivers = [r.get("driver_version") for r in rows if r.get("driver_version")]
-    return {"gpu_count": len(rows), "driver_version": drivers[0] if drivers else None}
+    return {"gpu_count": len(rows) + skipped, "driver_version": drivers[0] if drivers else None}
 
 
-def key_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What a spec entry is for, like a baseline's key: the GPU model(s) and the GPUs per node."""
+def key_of(rows: Sequence[Mapping[str, Any]], skipped: int = 0) -> dict[str, Any]:
+    """What a spec entry is for, like a baseline's key: the GPU model(s) and the GPUs per node (the skipped
+    ones too: a node running a job on some of its GPUs is still a node of its kind)."""
     models = sorted({str(r["gpu_model"]) for r in rows if r.get("gpu_model")}) or ["unknown"]
-    return {"gpu": "+".join(models), "gpus_per_node": len(rows)}
+    return {"gpu": "+".join(models), "gpus_per_node": len(rows) + skipped}
 
 
 def key_text(key: Mapping[str, Any]) -> str:
@@ -302,11 +304,11 @@ def problem(path: str | None) -> str | None:
 
 # Judging a node.
 
-def entry_for(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+def entry_for(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], skipped: int = 0
               ) -> tuple[dict[str, Any] | None, Finding | None]:
     """(the entry a node is judged by, None) or (None, the finding that none fits). The same model and count
     first; else the one entry of the model (a node that lost a GPU is judged by its model's entry)."""
-    key = key_of(rows)
+    key = key_of(rows, skipped)
     entries = spec["entries"]
     exact = next((e for e in entries if e["key"] == key), None)
     if exact is not None:
@@ -317,7 +319,7 @@ def entry_for(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
     if model:
         rule = RULE["gpu_count"]
         expected = "one of " + ", ".join(str(e["key"]["gpus_per_node"]) for e in model) + f" {key['gpu']} GPUs"
-        found = str(len(rows))
+        found = str(len(rows) + skipped)
     else:
         rule = RULE["gpu_model"]
         expected = "a model the spec has (" + ", ".join(key_text(e["key"]) for e in entries) + ")"
@@ -325,18 +327,19 @@ def entry_for(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
     return None, Finding(None, "", f"{CHECK} {rule.words}", expected, found, rule.category, rule.severity, rule.fix)
 
 
-def judge_spec(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[Finding]:
+def judge_spec(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], skipped: int = 0) -> list[Finding]:
     """Every way one node's GPU facts (its rows of `per_gpu_facts`) differ from its spec entry: expected,
     found and the fix, per field. A spec field that is null is not compared; a fact NVML did not give (None,
-    with its NVML error) when the spec expects a value is a finding, never a pass."""
+    with its NVML error) when the spec expects a value is a finding, never a pass. `skipped`: GPUs of the node
+    left out of the run because a job uses them (healthcheck --skip-busy-gpus): counted, not judged."""
     if not rows:
         return [Finding(None, "", f"{CHECK} GPUs on the node", "GPUs to judge", "no GPU facts", "gpu-hardware",
                         "isolate", RULE["gpu_count"].fix)]
-    entry, unfit = entry_for(spec, rows)
+    entry, unfit = entry_for(spec, rows, skipped)
     if entry is None:
         return [unfit]
     expect, findings = entry["expect"], []
-    node = node_facts(rows)
+    node = node_facts(rows, skipped)
     for rule in RULES:
         want = expect.get(rule.field)
         if want is None:

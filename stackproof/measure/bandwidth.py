@@ -106,14 +106,70 @@ def capture_all_reduce(buffer: torch.Tensor, count: int) -> torch.cuda.CUDAGraph
     return graph
 
 
-def graph_all_reduce_sum_is_exact(rank: int, world_size: int, device: torch.device) -> bool:
-    """One captured all_reduce of (rank + 1) everywhere, replayed: every element must be the ranks' exact sum."""
-    buffer = torch.full((1 << 18,), float(rank + 1), dtype=torch.float32, device=device)
+# The data check after each size (nccl-tests checks its timed runs' data too): every rank's float32 elements are
+# a shared ramp of whole numbers below RAMP plus a small constant of its own, so the sum is exact in float32 up to
+# 2**24 / (RAMP + OWN) ranks, differs per rank, per size and per index, and costs one all_reduce and one compare.
+RAMP, RAMP_STRIDE, OWN = 1024, 613, 64
+
+
+@dataclasses.dataclass(frozen=True)
+class WrongSum:
+    index: int
+    expected: float
+    found: float
+    wrong: int
+    count: int
+
+    def words(self) -> str:
+        return (f"element {self.index} of {self.count} (byte {self.index * 4}): expected {self.expected:g}, "
+                f"found {self.found:g} ({self.wrong} element(s) wrong)")
+
+
+def _own(rank: int, salt: int) -> int:
+    return (rank * 7 + salt) % OWN
+
+
+def _ramp(count: int, salt: int, device: torch.device) -> torch.Tensor:
+    # modulo RAMP before the multiply: nothing overflows int32 at any count
+    ramp = torch.arange(count, dtype=torch.int32, device=device).bitwise_and_(RAMP - 1).add_(salt % RAMP)
+    return ramp.mul_(RAMP_STRIDE).bitwise_and_(RAMP - 1)
+
+
+def fill_known_sum(buffer: torch.Tensor, rank: int, salt: int) -> None:
+    """This rank's share of the known-answer all_reduce, written into `buffer` (float32)."""
+    buffer.copy_(_ramp(buffer.numel(), salt, buffer.device)).add_(_own(rank, salt))
+
+
+def wrong_sum(buffer: torch.Tensor, world_size: int, salt: int) -> WrongSum | None:
+    """None when `buffer` holds every rank's fill_known_sum summed; else its first wrong element."""
+    want = _ramp(buffer.numel(), salt, buffer.device).mul_(world_size).add_(
+        sum(_own(rank, salt) for rank in range(world_size)))
+    bad = buffer != want
+    if not bool(bad.any()):
+        return None
+    index = int(bad.nonzero()[0, 0])
+    return WrongSum(index, float(want[index]), float(buffer[index]), int(bad.sum()), buffer.numel())
+
+
+def all_reduce_known_answer(nbytes: int, rank: int, world_size: int, device: torch.device,
+                            dtype: torch.dtype = torch.float32) -> WrongSum | None:
+    """One eager all_reduce of a sweep's size with a known sum, checked."""
+    buffer = torch.empty(nbytes // 4, dtype=dtype, device=device)
+    fill_known_sum(buffer, rank, nbytes)
+    dist.all_reduce(buffer)
+    return wrong_sum(buffer, world_size, nbytes)
+
+
+def graph_all_reduce_known_answer(nbytes: int, rank: int, world_size: int, device: torch.device
+                                  ) -> WrongSum | None:
+    """One captured all_reduce of a graph sweep's size, replayed on a known sum: what a training step that
+    replays a graph gets (the timed graph's repeated in-place sums have no exact float32 answer at any world)."""
+    buffer = torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device)
     graph = capture_all_reduce(buffer, 1)
-    buffer.fill_(float(rank + 1))  # the capture's warm-up call reduced it once already
+    fill_known_sum(buffer, rank, nbytes)  # after the capture's own warm-up call, which reduced it once
     graph.replay()
     torch.cuda.synchronize(device)
-    return bool((buffer == world_size * (world_size + 1) / 2).all())
+    return wrong_sum(buffer, world_size, nbytes)
 
 
 def graph_unsupported(device: torch.device) -> str:

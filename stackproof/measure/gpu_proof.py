@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-import statistics
 from collections.abc import Callable
 
 import torch
 
-from stackproof.run import consensus
+from stackproof.measure import patterns
 
 # --- Silent data corruption --------------------------------------------------------------------------------------
 
@@ -85,22 +84,58 @@ def seconds_per_iteration(device: torch.device, step: Callable[[], object], warm
     return start.elapsed_time(end) / 1e3 / iters, seen
 
 
-def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50) -> float:
-    """Device-to-device copy bandwidth counting read + write (2 x nbytes per copy), as the HBM peak counts."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
+def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50,
+                            seed: int = 0) -> tuple[float, patterns.WrongBytes | None]:
+    """Device-to-device copy bandwidth counting read + write (2 x nbytes per copy), as the HBM peak counts, and
+    what the last copy delivered: the source holds the pattern of `seed`, the destination starts as its
+    complement (a copy that never happened shows), and is compared once after the timing."""
+    src = patterns.made(nbytes, seed, device)
+    dst = torch.bitwise_not(src)
     seconds, _ = seconds_per_iteration(device, lambda: dst.copy_(src), warmup, iters)
-    return 2 * nbytes / seconds
+    return 2 * nbytes / seconds, patterns.first_wrong(dst, seed)
+
+
+class HostCopies:
+    """Host <-> device bandwidth one way at a time, from page-locked host memory (what DataLoader pin_memory
+    uses), with what arrived checked: host-to-device carries the pattern of `seed` (written on the CPU, checked
+    on the GPU), device-to-host carries another (written on the GPU, checked on the CPU). `prepare` and
+    `check_host` do the CPU's part (about 0.1 s per 512 MiB) outside the timed turns of the node's GPUs."""
+
+    def __init__(self, device: torch.device, seed: int, nbytes: int = 512 << 20):
+        self.device, self.nbytes = device, nbytes
+        self.seeds = (seed, patterns.seed_of("device-to-host", seed))
+        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def prepare(self) -> None:
+        patterns.fill(self.host, self.seeds[0])
+
+    def to_device(self, warmup: int = 2, iters: int = 10, during: Callable[[], object] | None = None
+                  ) -> tuple[float, object, patterns.WrongBytes | None]:
+        self.on_device.fill_(0xA5)  # not the pattern: a copy that never happened shows
+        seconds, seen = seconds_per_iteration(
+            self.device, lambda: self.on_device.copy_(self.host, non_blocking=True), warmup, iters, during)
+        return self.nbytes / seconds, seen, patterns.first_wrong(self.on_device, self.seeds[0])
+
+    def to_host(self, warmup: int = 2, iters: int = 10) -> float:
+        patterns.fill(self.on_device, self.seeds[1])
+        seconds, _ = seconds_per_iteration(
+            self.device, lambda: self.host.copy_(self.on_device, non_blocking=True), warmup, iters)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self.nbytes / seconds
+
+    def check_host(self) -> patterns.WrongBytes | None:
+        return patterns.first_wrong(self.host, self.seeds[1])
 
 
 def pinned_copy_bytes_per_s(device: torch.device, to_device: bool, nbytes: int = 512 << 20, warmup: int = 2,
                             iters: int = 10, during: Callable[[], object] | None = None) -> tuple[float, object]:
-    """Host <-> device bandwidth one way, from page-locked host memory (what DataLoader pin_memory uses)."""
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst, src = (on_device, host) if to_device else (host, on_device)
-    seconds, seen = seconds_per_iteration(device, lambda: dst.copy_(src, non_blocking=True), warmup, iters, during)
-    return nbytes / seconds, seen
+    """Host <-> device bandwidth one way, unchecked (benchmarks/per_gpu_spread.py's figure)."""
+    copies = HostCopies(device, 0, nbytes)
+    if to_device:
+        rate, seen, _ = copies.to_device(warmup, iters, during)
+        return rate, seen
+    return copies.to_host(warmup, iters), None
 
 
 def gemm_flops_per_s(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16, warmup: int = 10,
@@ -165,54 +200,3 @@ def gemm_known_answer_problem(device: torch.device, n: int = 8192, dtype: torch.
                         f"elements in {len(wrong_rows)} of {n} rows (operand pair {operand + 1}, first row {row}): "
                         "(A @ B) x != A (B x) for whole-number operands whose product is exact in every dtype")
     return ""
-
-
-# --- Cross-rank decisions (rank 0 takes them on every rank's value, in rank order) ------------------------------
-
-def odd_ones_out(values: list, trusted: list[bool] | None = None) -> list[int]:
-    """The positions whose value is not the majority's; every position when there is no majority (1 against 1)."""
-    return consensus.odd_ones_out(values, trusted, tie_goes_to_rank_0=False)
-
-
-def below_median(values: list[float], tolerance: float) -> list[int]:
-    """The positions more than `tolerance` (a fraction) below the median of all."""
-    if not values:
-        return []
-    floor = (1 - tolerance) * statistics.median(values)
-    return [i for i, value in enumerate(values) if value < floor]
-
-
-def _by_model(entries: list[dict]) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = {}
-    for rank, entry in enumerate(entries):
-        groups.setdefault(entry["model"], []).append(rank)
-    return groups
-
-
-def odd_ones_out_by_model(entries: list[dict]) -> dict:
-    """entries: every rank's {"model", "digest", "exact": bool}. Within each model, the ranks whose digest is not
-    the majority's; only ranks whose exact GEMM was right vote. Returns {"odd": [{"rank", "found", "expected"}],
-    "reference": {model: digest or None}} (expected None: no majority)."""
-    odd, reference = [], {}
-    for model, ranks in _by_model(entries).items():
-        digests = [entries[r]["digest"] for r in ranks]
-        trusted = [bool(entries[r].get("exact", True)) for r in ranks]
-        reference[model] = consensus.majority(digests, trusted)
-        odd += [{"rank": ranks[i], "found": digests[i], "expected": reference[model]}
-                for i in odd_ones_out(digests, trusted)]
-    return {"odd": sorted(odd, key=lambda o: o["rank"]), "reference": reference}
-
-
-def below_median_by_model(entries: list[dict], tolerance: float) -> dict:
-    """entries: every rank's {"model", "value"}. Within each model, the ranks more than `tolerance` below the
-    model's median. Returns {"slow": [{"rank", "found", "median"}], "median": {model: median}}. A rank without a
-    value (its measurement failed, and it says so itself) is left out."""
-    slow, medians = [], {}
-    for model, ranks in _by_model([e if e["value"] is not None else {**e, "model": None} for e in entries]).items():
-        if model is None:
-            continue
-        values = [entries[r]["value"] for r in ranks]
-        medians[model] = statistics.median(values)
-        slow += [{"rank": ranks[i], "found": values[i], "median": medians[model]}
-                 for i in below_median(values, tolerance)]
-    return {"slow": sorted(slow, key=lambda s: s["rank"]), "median": medians}

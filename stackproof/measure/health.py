@@ -14,7 +14,7 @@ import time
 from stackproof.judge import health as rules
 from stackproof.judge.bars import pcie_expected
 from stackproof.judge.findings import Finding, worst  # noqa: F401 (worst: the checks' import)
-from stackproof.measure import topology
+from stackproof.measure import topology, watermark
 
 KERNEL_LOG = "/dev/kmsg"
 JOURNALCTL_TIMEOUT_S = 5.0
@@ -28,29 +28,42 @@ class Checkup:
     readings: dict[str, object]  # what NVML answered, for the report ("n/a" where not applicable)
 
 
-def read_kernel_log(source: str = KERNEL_LOG) -> tuple[list[str], str]:
-    """(lines, where they came from or why none). /dev/kmsg is read without blocking (each read returns one
-    record); a regular file (a saved log, a test's fixture) is read whole; where /dev/kmsg is not readable (a
-    container without CAP_SYSLOG), `journalctl -k` is asked, with a timeout."""
+def read_kernel_log(source: str = KERNEL_LOG, since: float | None = None) -> rules.KernelLog:
+    """The kernel log's records, each with its wall time where the log keeps one, or why it could not be read.
+    /dev/kmsg is read without blocking (each read returns one record, stamped in microseconds since boot); a
+    regular file (a saved log, a test's fixture) is read whole; where /dev/kmsg is not readable (a container
+    without CAP_SYSLOG), `journalctl -k` is asked, with a timeout, from `since` on. journalctl's own failure
+    (no journal, no permission) is told apart from a log in which nothing matched: only exit 0 is a reading."""
     try:
         if stat.S_ISCHR(os.stat(source).st_mode):
-            return _read_kmsg(source), source
+            return rules.KernelLog(_read_kmsg(source), source)
         with open(source, errors="replace") as log:
-            return log.read().splitlines(), source
+            booted = _booted_at()
+            return rules.KernelLog([rules.timed(line, booted) for line in log.read().splitlines()], source)
     except OSError as err:
         why = f"{source}: {err.strerror}"
+    command = ["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-unix"]
+    if since is not None:
+        command.append(f"--since=@{since:.6f}")
     try:
-        done = subprocess.run(["journalctl", "-k", "-b", "--no-pager", "-q", "-g", "NVRM: Xid"], capture_output=True,
-                              text=True, timeout=JOURNALCTL_TIMEOUT_S)
+        done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=JOURNALCTL_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as err:
-        return [], f"not readable ({why}; journalctl -k: {err})"
-    if done.returncode not in (0, 1):  # 1: nothing matched
-        return [], f"not readable ({why}; journalctl -k: {done.stderr.strip()[:200]})"
-    return done.stdout.splitlines(), "journalctl -k"
+        return rules.KernelLog([], "none", f"{why}; journalctl -k: {err}")
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        return rules.KernelLog([], "none", f"{why}; journalctl -k exited {done.returncode}: "
+                                           f"{said[-1][:200] if said else 'no words on stderr'}")
+    return rules.KernelLog([rules.journal_record(line) for line in done.stdout.splitlines()], "journalctl -k")
 
 
-def _read_kmsg(source: str) -> list[str]:
-    lines = []
+def _booted_at() -> float:
+    """The wall time this host booted, as the kernel log's boot-relative stamps count from."""
+    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def _read_kmsg(source: str) -> list[tuple[float | None, str]]:
+    records = []
+    booted = _booted_at()
     fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
     try:
         for _ in range(KMSG_MAX_RECORDS):
@@ -62,10 +75,10 @@ def _read_kmsg(source: str) -> list[str]:
                 continue
             if not record:
                 break
-            lines.append(record.decode(errors="replace").split(";", 1)[-1].rstrip("\n"))
+            records.append(rules.kmsg_record(record.decode(errors="replace"), booted))
     finally:
         os.close(fd)
-    return lines
+    return records
 
 
 def _process_name(nvml, pid: int) -> str:
@@ -90,10 +103,15 @@ def read_processes(nvml, handle, errors: dict[str, str]) -> list[rules.Process]:
     return list(found.values())
 
 
-def read(nvml, handle, gpu: topology.Gpu, kernel_log: str = KERNEL_LOG) -> rules.HealthReading:
+def read(nvml, handle, gpu: topology.Gpu, kernel_log: str = KERNEL_LOG,
+         memory: watermark.Memory | None = None) -> rules.HealthReading:
     """Every health record NVML keeps for this GPU, and the kernel log's XIDs for its PCI address. `gpu` is what
-    topology.read_gpu found for the same handle: its NVML errors are the reading's too."""
-    reading = rules.HealthReading()
+    topology.read_gpu found for the same handle: its NVML errors are the reading's too. With `memory` (the
+    node's state folder), the last look's watermark and counters come with the reading, and this look is kept
+    as the next one's; without it, every look is a first one."""
+    previous = memory.previous(gpu.uuid) if memory else watermark.Previous()
+    reading = rules.HealthReading(nvlink_errors_before=previous.nvlink, looked_at_before=previous.looked_at,
+                                  state_problem=previous.problem)
     errors = reading.nvml_errors
 
     def ask(what, call, *args):
@@ -115,22 +133,30 @@ def read(nvml, handle, gpu: topology.Gpu, kernel_log: str = KERNEL_LOG) -> rules
     reading.slowdown_c = ask("slowdown temperature", nvml.nvmlDeviceGetTemperatureThreshold,
                              nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
     reading.processes = read_processes(nvml, handle, errors)
-    memory = ask("memory info", nvml.nvmlDeviceGetMemoryInfo)
-    if memory is not None:
-        reading.memory_used_bytes, reading.memory_total_bytes = memory.used, memory.total
-    lines, reading.kernel_log = read_kernel_log(kernel_log)
-    reading.xids = rules.kernel_xids(lines, gpu.pci_bus_id)
+    info = ask("memory info", nvml.nvmlDeviceGetMemoryInfo)
+    if info is not None:
+        reading.memory_used_bytes, reading.memory_total_bytes = info.used, info.total
+    looked_at = time.time()
+    log = read_kernel_log(kernel_log, previous.looked_at)
+    reading.kernel_log, reading.kernel_log_error = log.source, log.error
+    reading.xids = rules.kernel_xids(log.records, gpu.pci_bus_id, since=previous.looked_at)
+    if memory:
+        # A log not read leaves the watermark where it was: what it holds is still to be judged. A state that
+        # could not be read is said once and replaced by this look.
+        kept = memory.keep(gpu.uuid, previous.looked_at if log.error else looked_at,
+                           watermark.merged(previous.nvlink, reading.nvlink_errors))
+        reading.state_problem = "; ".join(p for p in (previous.problem, kept) if p)
     for what, error in gpu.nvml_errors.items():
         errors.setdefault(what, error)
     return reading
 
 
 def examine(nvml, handle, gpu: topology.Gpu, own_pids: set[int], kernel_log: str = KERNEL_LOG,
-            own_count: int = 1) -> Checkup:
-    """The GPU's health reading, judged."""
-    reading = read(nvml, handle, gpu, kernel_log)
+            own_count: int = 1, memory: watermark.Memory | None = None, job: str | None = None) -> Checkup:
+    """The GPU's health reading, judged (since the last look, with `memory`; for `job`, a Prolog's)."""
+    reading = read(nvml, handle, gpu, kernel_log, memory)
     pcie = f"gen{gpu.pcie_gen_current} x{gpu.pcie_width_current} (max gen{gpu.pcie_gen} x{gpu.pcie_width})"
-    return Checkup(rules.judge(gpu.index, gpu.uuid, gpu.ecc_enabled, reading, own_pids, own_count),
+    return Checkup(rules.judge(gpu.index, gpu.uuid, gpu.ecc_enabled, reading, own_pids, own_count, job),
                    rules.readings(reading, pcie, gpu.serial, gpu.pci_bus_id))
 
 
@@ -151,6 +177,11 @@ class XidWatch:
             self.errors["XID event registration"] = f"NVML error {err}"
             self.close()
 
+    @property
+    def live(self) -> bool:
+        """Whether NVML has watched every XID of the GPU since this watch began (events supported, no error)."""
+        return self.events_set is not None and not self.errors
+
     def events(self) -> list[rules.Xid]:
         if self.events_set is None:
             return []
@@ -164,7 +195,7 @@ class XidWatch:
                 self.errors["XID events"] = f"NVML error {err}"
                 break
             if event.eventType & self.nvml.nvmlEventTypeXidCriticalError:
-                found.append(rules.Xid(int(event.eventData), "NVML event"))
+                found.append(rules.Xid(int(event.eventData), "NVML event", when=time.time()))
         return found
 
     def close(self) -> None:

@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from stackproof.measure import patterns
+
 GB = 1e9
 Pair = tuple[int, int]
 
@@ -173,17 +175,26 @@ class Exchange:
     peer: int
     seconds: float | None  # per exchange; None: the peer never answered within the timeout
     error: str = ""
+    wrong: dict | None = None  # the first wrong byte received from the peer (patterns.WrongBytes' fields)
+
+
+def exchange_seed(sender: int, receiver: int, salt: object = "") -> int:
+    """The pattern `sender` sends `receiver`: each direction of each pair its own, so crossed or stale data
+    shows."""
+    return patterns.seed_of("send/recv", sender, receiver, salt)
 
 
 def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: int, timeout_s: float,
-             slow_down: float = 0.0) -> Exchange:
-    """nbytes to `peer` and nbytes from it at once, `iters` times after `warmup`. `slow_down` (a fault) makes this
+             slow_down: float = 0.0, salt: object = "") -> Exchange:
+    """nbytes to `peer` and nbytes from it at once, `iters` times after `warmup`, and what arrived from it
+    checked once afterwards against the pattern the peer sent (exchange_seed). `slow_down` (a fault) makes this
     rank hold each send back by that many times a clean exchange's time after the warm-up (a fixed delay: both ends
     of a pair may be slowed, and a delay grown from the last exchange's time, which holds the peer's delay, would
     compound)."""
-    count = max(1, nbytes // 4)
-    send = torch.ones(count, dtype=torch.float32, device=device)
-    recv = torch.empty_like(send)
+    count = max(2, nbytes // 4 // 2 * 2)  # whole 8-byte words of float32
+    me = dist.get_rank()
+    send = patterns.made(count * 4, exchange_seed(me, peer, salt), device, torch.float32)
+    recv = torch.full_like(send, -1.0)  # not the pattern: an exchange that never delivered shows
     wait = datetime.timedelta(seconds=timeout_s)
     delay = 0.0
 
@@ -227,7 +238,8 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
             seconds = statistics.median(times)
     except (RuntimeError, TimeoutError) as err:
         return Exchange(peer, None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
-    return Exchange(peer, seconds)
+    wrong = patterns.first_wrong(recv, exchange_seed(peer, me, salt))
+    return Exchange(peer, seconds, wrong=None if wrong is None else dataclasses.asdict(wrong))
 
 
 def run_rounds(rounds: Sequence[Sequence[Pair]], me: int, rank_of: Callable[[int], int],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,11 @@ from stackproof.judge.bars import nvlink_pair_gbps, pcie_expected, pcie_peak_gbp
 PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # PCI class 03: VGA-compatible (00) and 3D (02) controllers
+# The launcher's survey of the GPUs takes well under a second on 8 GPUs; NVML not answering in this long is
+# stuck, not slow.
+SURVEY_DEADLINE_S = 10.0
+
+
 @dataclasses.dataclass
 class Gpu:
     index: int
@@ -42,8 +48,14 @@ class Gpu:
     mig_enabled: bool | None = None  # current MIG mode
     power_limit_w: float | None = None  # the enforced power limit
     # What the GPU itself supports, whatever the slot or its links do now: the expectation, not the state.
-    nvlink_supported: int | None = None  # NVLinks the GPU has (up or not); 0: none (a PCIe card)
-    nvlinks_down: list[int] = dataclasses.field(default_factory=list)  # links the GPU has that are not up
+    # A link slot counts as the GPU's only when wired: up, or down with a far end NVML names (its remote PCI info).
+    # A PCIe card without an NVLink bridge answers DISABLED for every slot it has: none of them is wired.
+    nvlink_supported: int | None = None  # NVLinks the GPU has, wired (up or not); 0: none (a PCIe card)
+    nvlinks_down: list[int] = dataclasses.field(default_factory=list)  # wired links that are not up
+    nvlinks_up: list[int] = dataclasses.field(default_factory=list)
+    # Slots down with no far end NVML names: no link, unless the node's other GPUs of this model have it up
+    # (judge/hardware.py decides).
+    nvlinks_unwired: list[int] = dataclasses.field(default_factory=list)
     pcie_gen_gpu_max: int | None = None  # the GPU's own max PCIe generation (pcie_gen is the system's)
     pcie_width_gpu_max: int | None = None  # the GPU's own max width, its LnkCap (pcie_width is the system's)
     # NVML calls that failed with anything but NotSupported: {what was asked: "NVML error <text>"}. Each one is
@@ -58,6 +70,7 @@ class Inventory:
     gpus: list[Gpu]
     # GPUs NVML counts but cannot reach (GPU lost, Unknown Error): {NVML index: "NVML error <text>"}.
     unreachable: dict[int, str] = dataclasses.field(default_factory=dict)
+    stalled: str = ""  # NVML did not answer within the survey's deadline (then no GPU is listed)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -137,6 +150,18 @@ def nvlink_states(nvml, handle, errors: dict[str, str]) -> dict[int, bool]:
     return states
 
 
+def nvlink_far_end(nvml, handle, link: int) -> str | None:
+    """The PCI bus id of what this NVLink is wired to (a GPU, an NVSwitch), or None where NVML names none (no
+    answer, or an all-zero address): an unwired slot. Any NVML error here means "not known to be wired", not a
+    fault of the GPU: the slot's state was read already."""
+    try:
+        remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+    except nvml.NVMLError:
+        return None
+    bus_id = _text(getattr(remote, "busId", None)) or ""
+    return bus_id if bus_id.strip("0:.") else None
+
+
 def nvlinks_up(nvml, handle, errors: dict[str, str]) -> list[int]:
     """The NVLinks that are up, by link number."""
     return [link for link, up in nvlink_states(nvml, handle, errors).items() if up]
@@ -205,8 +230,11 @@ def read_gpu(nvml, index: int, pci_root: str = PCI_DEVICES) -> Gpu:
     found.pci_bus_id = None if pci is None else _text(pci.busId)
     links = nvlink_states(nvml, handle, errors)
     found.nvlink_active = sum(links.values())
-    found.nvlinks_down = [link for link, up in links.items() if not up]
-    found.nvlink_supported = len(links)
+    found.nvlinks_up = [link for link, up in links.items() if up]
+    down = [link for link, up in links.items() if not up]
+    found.nvlinks_down = [link for link in down if nvlink_far_end(nvml, handle, link)]
+    found.nvlinks_unwired = [link for link in down if link not in found.nvlinks_down]
+    found.nvlink_supported = len(links) - len(found.nvlinks_unwired)
     if found.nvlink_active:
         found.nvlink_speed_mbps = _nvlink_speed_mbps(nvml, handle, errors)
     found.pcie_gen = ask("max PCIe generation", nvml.nvmlDeviceGetMaxPcieLinkGeneration) or 0
@@ -274,13 +302,30 @@ def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
-def survey(pci_root: str = PCI_DEVICES) -> Inventory | None:
+def survey(pci_root: str = PCI_DEVICES, deadline_s: float = SURVEY_DEADLINE_S) -> Inventory | None:
     """The node's GPUs as NVML sees them (no CUDA context, no torch import: the launcher's start-up stays short);
-    None when NVML cannot answer at all."""
-    try:
-        return inventory(pci_root)
-    except NvmlUnavailable:
-        return None
+    None when NVML cannot answer at all. NVML is asked from a thread of its own, for at most `deadline_s`: an
+    NVML call stuck in the driver (a GPU hung after an XID) leaves that thread behind, and the survey answers an
+    Inventory with no GPU whose `stalled` says so, so the run goes on to a verdict."""
+    answers: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            answers["inventory"] = inventory(pci_root)
+        except NvmlUnavailable:
+            answers["inventory"] = None
+        except BaseException as err:  # raised where the caller waits, not lost in the thread
+            answers["error"] = err
+
+    worker = threading.Thread(target=ask, name="nvml-survey", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        return Inventory("n/a", "n/a", [], stalled=f"NVML did not answer within {deadline_s:g} s (nvmlInit, the GPU "
+                                                   "count or a GPU's reading hangs in the driver)")
+    if "error" in answers:
+        raise answers["error"]  # type: ignore[misc]
+    return answers["inventory"]  # type: ignore[return-value]
 
 
 # nvmlDeviceGetTopologyCommonAncestor's levels, in nvidia-smi topo -m's words.

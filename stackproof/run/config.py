@@ -34,6 +34,8 @@ FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu
 TIERS = ("full", "fast")
 REPORTS_ENV = "STACKPROOF_REPORTS"
 NODE_NAME_ENV = "STACKPROOF_NODE_NAME"
+STATE_DIR_ENV = "STACKPROOF_STATE_DIR"
+STATE_UNDER_REPORTS = "state"  # the state folder's default place: beside the runs, kept with them
 # A check may run this much longer than --timeout before the watchdog names the rank holding it up: the
 # collective's own timeout and the cross-rank sync get the first chance to say it.
 WATCHDOG_GRACE_S = 10.0
@@ -51,6 +53,11 @@ class ValidateConfig(Settings):
                                            "GPU's own PCIe width (LnkCap) is read there", metavar="DIR")
     kernel_log: str = option(KERNEL_LOG, "the kernel log searched for the GPUs' XID lines (a file works too; where "
                                          "it is not readable, journalctl -k is asked)", metavar="PATH")
+    state_dir: str | None = option(None, "where each node keeps what its last health check read (the kernel log's "
+                                         "watermark, the NVLink error counters), so evidence is judged since the "
+                                         "last look; keep it between runs (the DaemonSet: a hostPath) (default: "
+                                         f"{STATE_UNDER_REPORTS} under --reports)", metavar="DIR", check=not_blank,
+                                   env=STATE_DIR_ENV)
     nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=at_least(1))
     tier: str = option("full", "full: every check; fast: host, GPU identity and health, the per-GPU "
                                "checks and the local GPU pair matrix", choices=TIERS)
@@ -113,6 +120,13 @@ class ValidateConfig(Settings):
     spec: str | None = option(None, "hold each node's GPUs to this node spec (made by `stackproof spec` from "
                                     "known-good runs; docs/spec.md): count, model, memory, NVLinks, PCIe, ECC, "
                                     "persistence, MIG, driver, VBIOS, power limit", metavar="PATH", check=spec_problem)
+    job: str | None = option(None, "the job this node's GPUs were given to (a Slurm Prolog's SLURM_JOB_ID): another "
+                                   "process holding one of them keeps the job off the node (a drain naming the pid) "
+                                   "instead of an alert", metavar="ID", check=not_blank, env="SLURM_JOB_ID")
+    skipped_gpus: str | None = option(None, "the node's GPUs this run leaves alone because a job uses them (their "
+                                            "UUIDs, comma-separated; healthcheck --skip-busy-gpus sets it): a "
+                                            "--spec counts them among the node's GPUs without judging them",
+                                      metavar="UUIDS", check=not_blank)
     image: str | None = option(None, "compare runtime pins with this images/matrix.toml entry", metavar="NAME")
     expect_file: str | None = option(None, "compare runtime pins with this JSON (inside stackproof images: "
                                            "/etc/stackproof/expected.json)", metavar="PATH")
@@ -187,9 +201,26 @@ class ValidateConfig(Settings):
             problems.append(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
         self.refuse(problems, "stackproof validate --help")
 
+    def straggler_tolerance_on(self, gpu: bool) -> float | None:
+        """--straggler-tolerance, or the GPUs' default; None on CPU ranks unless given (they share the cores)."""
+        if self.straggler_tolerance is not None:
+            return self.straggler_tolerance
+        return STRAGGLER_TOLERANCE_GPU if gpu else None
+
     @property
     def watchdog_s(self) -> float:
         return self.check_timeout if self.check_timeout is not None else self.timeout + WATCHDOG_GRACE_S
+
+    @property
+    def skipped_gpu_count(self) -> int:
+        return len([u for u in (self.skipped_gpus or "").split(",") if u.strip()])
+
+    @property
+    def health_state_dir(self):
+        """The folder the health checks keep their last look in (measure/watermark.py)."""
+        from pathlib import Path
+
+        return Path(self.state_dir) if self.state_dir else self.reports_dir / STATE_UNDER_REPORTS
 
     @property
     def reports_dir(self):

@@ -7,6 +7,7 @@ torchrun's agent (agent.py), which needs a rendezvous between nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -15,7 +16,10 @@ import sys
 import time
 
 from stackproof.errors import ConfigError, Exit
+from stackproof.judge import hardware
+from stackproof.judge.findings import Finding
 from stackproof.measure import pins, topology
+from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
 from stackproof.run import early_cuda, local_ranks, phases, settle
 from stackproof.run.config import ValidateConfig
@@ -88,12 +92,28 @@ def launch(settings: ValidateConfig) -> Report:
                                    refused=[f["rank"] for f in outcome.failures] if refused else None,
                                    interrupted=outcome.interrupted,
                                    timed_out_s=settings.run_timeout if outcome.timed_out else None,
-                                   phases={"ranks_exited": time.time()})
+                                   phases={"ranks_exited": time.time()},
+                                   findings=_unkillable(settings, outcome.unkillable, inventory))
         rc, interrupted, timed_out = _torchrun(settings, nproc, env)
         return settle.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
                                timed_out_s=settings.run_timeout if timed_out else None)
     finally:
         held.release()
+
+
+def _unkillable(settings: ValidateConfig, stuck: list[dict], inventory: topology.Inventory | None) -> list[Finding]:
+    """Ranks the kernel could not kill (local_ranks.Outcome.unkillable): a finding on the GPU each drove (rank r
+    drives the r-th visible GPU), for the record's run-level findings; the run goes on to its verdict."""
+    gpus = topology.visible(inventory, settings.visible_devices or topology.cuda_visible_devices()) if inventory else []
+    found = []
+    for rank in stuck:
+        gpu = gpus[rank["rank"]] if rank["rank"] < len(gpus) else None
+        finding = hardware.unkillable(rank["rank"], rank["pid"], rank["state"], rank["wchan"],
+                                      gpu.index if gpu else None, gpu.uuid if gpu else "n/a")
+        found.append(finding.at(node=settings.node_name or node_name(), rank=rank["rank"],
+                                pci_bus_id=(gpu.pci_bus_id or "") if gpu else "",
+                                source="launcher: stopping the ranks"))
+    return found
 
 
 def gpus_without_nvml() -> int:
@@ -136,12 +156,16 @@ def _torchrun(settings: ValidateConfig, nproc: int, env: dict[str, str]) -> tupl
             signal.signal(sig, handler)
 
 
-def _kill(proc: subprocess.Popen, signum: int) -> None:
+def _kill(proc: subprocess.Popen, signum: int) -> dict | None:
+    """Stop torchrun's agent and its ranks (its process group): SIGKILL after the grace, then a bounded wait.
+    The agent still there after that (the kernel cannot kill it), as local_ranks.stuck_rank words it, else None."""
     try:
         os.killpg(proc.pid, signum)
-        proc.wait(timeout=KILL_GRACE_S)
+        proc.wait(timeout=local_ranks.KILL_GRACE_S)
+        return None
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return None
+    return None if local_ranks.reap(proc, local_ranks.KILL_WAIT_S) else local_ranks.stuck_rank(0, proc.pid)

@@ -21,6 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 KILL_GRACE_S = 10.0
+# How long a rank's exit is awaited after SIGKILL. A process the kernel cannot kill (uninterruptible sleep in the
+# driver after an XID 79, or on a dead mount) never exits: it is named and the run goes on to settle and act.
+KILL_WAIT_S = 2.0
 POLL_S = 0.05
 
 
@@ -30,6 +33,8 @@ class Outcome:
     failures: list[dict]  # {"rank", "local_rank", "exitcode", "pid"} of the ranks that failed first
     interrupted: str | None = None  # the signal that stopped the run
     timed_out: bool = False
+    # Ranks still there KILL_WAIT_S after SIGKILL: {"rank", "pid", "state", "wchan"} (stuck_rank's words).
+    unkillable: list[dict] = dataclasses.field(default_factory=list)
 
 
 def rank_env(rank: int, nproc: int, port: int, base: dict[str, str]) -> dict[str, str]:
@@ -54,10 +59,19 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
     port = free_port()
     interrupted: list[str] = []
     procs: list[subprocess.Popen] = []
+    stuck: dict[int, dict] = {}  # by rank: each rank that outlived SIGKILL, as first seen
+
+    def stop(signum: int) -> None:
+        for record in _stop(procs, signum, skip=set(stuck)):
+            stuck.setdefault(record["rank"], record)
 
     def stop_signal(signum: int, _frame: object) -> None:
         interrupted.append(signal.Signals(signum).name)
-        _stop(procs, signum)
+        stop(signum)
+
+    def outcome(*args, **kwargs) -> Outcome:
+        stop(signal.SIGKILL)  # nothing outlives the launcher, whatever happened; what cannot die is named
+        return Outcome(*args, **kwargs, unkillable=sorted(stuck.values(), key=lambda r: r["rank"]))
 
     previous = {sig: signal.signal(sig, stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -74,37 +88,67 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
         while True:
             codes = [proc.poll() for proc in procs]
             if interrupted:
-                _stop(procs, signal.SIGTERM)
-                return Outcome(128 + signal.Signals[interrupted[0]].value, [], interrupted[0])
+                stop(signal.SIGTERM)
+                return outcome(128 + signal.Signals[interrupted[0]].value, [], interrupted[0])
             failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
             if failed:
-                _stop(procs, signal.SIGTERM)
+                stop(signal.SIGTERM)
                 failures = [{"rank": r, "local_rank": r, "exitcode": codes[r], "pid": procs[r].pid} for r in failed]
-                return Outcome(int(codes[failed[0]]), failures)
+                return outcome(int(codes[failed[0]]), failures)
             if all(code == 0 for code in codes):
-                return Outcome(0, [])
+                return outcome(0, [])
             if time.monotonic() > deadline:
-                _stop(procs, signal.SIGTERM)
-                return Outcome(-1, [], timed_out=True)
+                stop(signal.SIGTERM)
+                return outcome(-1, [], timed_out=True)
             time.sleep(POLL_S)
     finally:
-        _stop(procs, signal.SIGKILL)  # nothing outlives the launcher, whatever happened above
+        stop(signal.SIGKILL)  # also on an exception above
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _stop(procs: list[subprocess.Popen], signum: int) -> None:
-    """Signal every rank's process group (the rank and whatever it started), then wait; SIGKILL after the grace."""
+def _stop(procs: list[subprocess.Popen], signum: int, skip: set[int] = frozenset()) -> list[dict]:
+    """Signal every rank's process group (the rank and whatever it started), then wait; SIGKILL after the grace,
+    and then at most KILL_WAIT_S. The ranks still there after that (the kernel cannot kill them), as stuck_rank
+    words them; ranks in `skip` (known stuck already) are signalled, not awaited again."""
     for proc in procs:
         _signal_group(proc, signum)
-    deadline = time.monotonic() + KILL_GRACE_S
-    for proc in procs:
+    procs = [proc if rank not in skip else None for rank, proc in enumerate(procs)]
+    deadline = time.monotonic() + (KILL_GRACE_S if signum != signal.SIGKILL else 0.0)
+    for proc in filter(None, procs):
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _signal_group(proc, signal.SIGKILL)
-            proc.wait()
-        _signal_group(proc, signal.SIGKILL)  # the rank exited: what it started goes with it
+    stuck = []
+    kill_deadline = time.monotonic() + KILL_WAIT_S
+    for rank, proc in enumerate(procs):
+        if proc is None:
+            continue
+        if not reap(proc, max(0.0, kill_deadline - time.monotonic())):
+            stuck.append(stuck_rank(rank, proc.pid))
+        _signal_group(proc, signal.SIGKILL)  # the rank exited (or cannot): what it started goes with it
+    return stuck
+
+
+def reap(proc: subprocess.Popen, within_s: float) -> bool:
+    """Wait for a process that was sent SIGKILL, at most `within_s`: whether it is gone."""
+    try:
+        proc.wait(timeout=within_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def stuck_rank(rank: int, pid: int) -> dict:
+    """A rank that outlived SIGKILL, with what the kernel says it waits in (/proc: its state, e.g. D, and the
+    kernel function it sleeps in), so the finding says where it is stuck."""
+    state = wchan = "n/a"
+    with contextlib.suppress(OSError, IndexError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    with contextlib.suppress(OSError):
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "n/a"
+    return {"rank": rank, "pid": pid, "state": state, "wchan": wchan}
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:

@@ -21,12 +21,12 @@ from typing import IO, Any
 import pytest
 
 from stackproof.errors import Exit, RankTimeout
-from stackproof.judge import exceptions, hardware
+from stackproof.judge import consensus, exceptions
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
 from stackproof.report.record import Figure, Report
-from stackproof.run import consensus, phases, smoke_tests_dir
 from stackproof.run import dist as sp_dist
+from stackproof.run import phases, smoke_tests_dir
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import launcher_started
 from stackproof.run.watchdog import CheckWatchdog
@@ -100,6 +100,10 @@ class Recorder:
         """Input that turns out not to apply once the machine is known (a --baseline with no entry for it): the
         run ends as bad input, exit 2, never as a pass nor as a failure of the machine. Call it on every rank."""
         self._report.override = (Exit.USAGE, message)
+
+    def so_far(self) -> Report:
+        """The run's record as this rank holds it so far (rank 0: every rank's checks and figures until now)."""
+        return self._report
 
     def context(self, key: str, value: object) -> None:
         self._report.context[key] = value
@@ -310,21 +314,23 @@ def _agree(item: pytest.Item) -> None:
             _stall_recorded(report, item.nodeid, str(err), err.ranks)
 
 
-def _stall_recorded(report: Report, nodeid: str, message: str, ranks: list[int]) -> None:
-    """The check that stalled, failed on the stalled ranks, with the judge's finding for the stall."""
+def _stall_recorded(report: Report, nodeid: str, message: str, ranks: list[int],
+                    judged: list[Finding] | None = None) -> None:
+    """The check that stalled, failed on the stalled ranks, with the watchdog's judgement of each (judge/hang.py:
+    a GPU hang only inside a CUDA call NVML agrees with); without one (a peer late to an agreement) a tool
+    timeout, which names no machine."""
     check = report.check(nodeid)
     check.outcome, check.message, check.failed_ranks = "failed", message, ranks
-    gpus = {int(r["rank"]): r.get("gpu") for r in report.ranks}
     node_of = {int(r["rank"]): r["node"] for r in report.ranks}
-    finding = hardware.stalled(check.name, message, ranks, gpus)
-    check.findings = [finding.at(node=node_of.get(finding.rank, "") if finding.rank is not None else "",
-                                 source=check.name)]
+    check.findings = [f.at(node=node_of.get(f.rank, "") if f.rank is not None else "", source=check.name)
+                      for f in judged or [tool_error(check.name, message, "see every rank's stacks in the reports "
+                                                                           "folder's logs/")]]
 
 
 def _stalled(config: pytest.Config, nodeid: str, message: str, ranks: list[int]) -> None:
     """Rank 0's watchdog fired: the main thread is stuck, so write the verdict from here and end the rank."""
     report = config.stash[REPORT_KEY]
-    _stall_recorded(report, nodeid, message, ranks)
+    _stall_recorded(report, nodeid, message, ranks, config.stash[WATCHDOG_KEY].findings)
     report.override = (Exit.INCOMPLETE, message)
     _finish(config, report)
     os._exit(Exit.INCOMPLETE)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stackproof.errors import ConfigError, Exit
+from stackproof.judge.findings import Finding
 from stackproof.report.record import REPORT_FILE, UNREADABLE_FILE, Report, ReportUnreadable, stale_outputs
 
 STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGKILL)
@@ -111,10 +112,11 @@ def prepare(reports_dir: Path, nnodes: int = 1) -> Claim:
 
 def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: list[dict[str, Any]] | None = None,
            interrupted: str | None = None, timed_out_s: float | None = None, rendezvous: str | None = None,
-           refused: list[int] | None = None, phases: dict[str, float] | None = None) -> Report:
+           refused: list[int] | None = None, phases: dict[str, float] | None = None,
+           findings: list[Finding] | None = None) -> Report:
     """The record as rank 0 left it, plus what only the launcher saw: `failures` (ranks that died), `refused`
-    (ranks that refused their input: bad input), `phases` (steps only the launcher times). Read once, written
-    once (when anything was added)."""
+    (ranks that refused their input: bad input), `phases` (steps only the launcher times), `findings` (what only
+    the launcher found, e.g. a rank SIGKILL could not end). Read once, written once (when anything was added)."""
     kept = False
     try:
         report = Report.load(reports_dir) or Report()
@@ -149,7 +151,9 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
         report.context["launcher_failures"] = failures
     if phases and report.checks:
         report.context.setdefault("phases", {}).update(phases)
-    if (report.to_json()["exit_code"], report.override) != before or failures or kept or (phases and report.checks):
+    report.findings.extend(findings or [])
+    if (report.to_json()["exit_code"], report.override) != before or failures or kept or findings or \
+            (phases and report.checks):
         report.write(reports_dir)
     return report
 

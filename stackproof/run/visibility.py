@@ -9,9 +9,9 @@ import os
 from typing import IO
 
 from stackproof.errors import Exit
-from stackproof.judge import hardware
+from stackproof.judge import hardware, reach
 from stackproof.judge.findings import Finding
-from stackproof.measure import identity, topology
+from stackproof.measure import cuda_reach, identity, topology
 from stackproof.report.record import Report
 from stackproof.run.config import ValidateConfig
 
@@ -38,15 +38,27 @@ def expected_gpus(flag: int | None, env: dict[str, str] | os._Environ,
     if requested is not None and requested.strip().lower() in NO_GPU_VALUES:
         return 0, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={requested})"
     chosen = env.get("CUDA_VISIBLE_DEVICES")
+    if chosen:  # within the container's GPUs, CUDA's list is what the ranks get
+        return device_list(chosen), f"CUDA_VISIBLE_DEVICES={chosen}"
     if requested is not None and requested.strip().lower() != "all":
-        return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
-    if chosen:
-        return 1, f"CUDA_VISIBLE_DEVICES={chosen}"
+        return device_list(requested), f"NVIDIA_VISIBLE_DEVICES={requested}"
     if bus:
         return len(bus), f"{len(bus)} NVIDIA GPU(s) {FROM_THE_BUS} ({', '.join(bus)})"
     if requested is not None:
         return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
     return 0, "no GPU requested (NVIDIA_VISIBLE_DEVICES unset) and none on the PCI bus"
+
+
+def device_list(value: str) -> int:
+    """How many GPUs a CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES list names (indices, UUIDs, MIG devices):
+    each one is expected, so a node that lost 7 of the 8 its job was given does not pass with 1. CUDA stops at
+    the first entry that names no device (-1, an empty entry)."""
+    count = 0
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        count += 1
+    return count
 
 
 def missing(bus: list[str], inventory: topology.Inventory | None) -> list[str]:
@@ -64,6 +76,7 @@ def hardware_verdict(settings: ValidateConfig, inventory: topology.Inventory | N
     _, why = expected_gpus(settings.expect_gpus, os.environ, bus)
     lost = inventory.unreachable if inventory else {}
     findings = [hardware.unreachable(index, error) for index, error in lost.items()]
+    findings += [hardware.nvml_stalled(inventory.stalled)] if inventory and inventory.stalled else []
     if FROM_THE_BUS in why and visible:
         findings += hardware.missing_from_the_bus(missing(bus, inventory), len(inventory.gpus) if inventory else 0)
     if not findings:
@@ -85,15 +98,19 @@ def no_gpu_record(settings: ValidateConfig, visible: int, out: IO[str], write_re
     expected, why = expected_gpus(settings.expect_gpus, os.environ, bus)
     if not expected or visible:
         return None
-    message = (f"no GPU visible, but GPUs were expected ({why}): expected >= {expected}, found {visible}; "
-               "fix: give the container its GPUs (docker run --gpus all, or --device nvidia.com/gpu=all with CDI; "
-               "Kubernetes: an nvidia.com/gpu limit; "
-               "Slurm: check gres.conf), check the driver (nvidia-smi; the kernel log for NVRM errors), "
-               "or validate on CPU on purpose with --expect-gpus 0 (or -e NVIDIA_VISIBLE_DEVICES=void)")
-    proven_there = why.startswith(FROM_THE_SCHEDULER) or bool(bus)
-    finding = hardware.no_gpu_visible(expected, why, proven_there)
-    return _conclude(settings, Exit.NO_GPU, message, out, [finding], write_report, expected_gpus=expected,
+    cause = why_no_gpu(expected, why)
+    message = (f"no GPU visible, but GPUs were expected ({why}): expected >= {expected}, found {visible}: "
+               f"{cause.check}: {cause.found}; fix: {cause.action} (or validate on CPU on purpose with "
+               "--expect-gpus 0, or -e NVIDIA_VISIBLE_DEVICES=void)")
+    return _conclude(settings, Exit.NO_GPU, message, out, [cause], write_report, expected_gpus=expected,
                      visible_gpus=visible, reason=why)
+
+
+def why_no_gpu(expected: int, why: str) -> Finding:
+    """Why CUDA shows no GPU here (judge/reach.py): gpu-hardware (drain) only where NVML counts the GPUs, the
+    runtime gave them and CUDA still cannot reach them; a CPU-only torch, a missing runtime or a driver/library
+    mismatch is configuration (alert), with its fix. The finding of an exit 3, for the record."""
+    return reach.no_gpu(cuda_reach.read(), expected, why)
 
 
 def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], findings: list[Finding],

@@ -26,6 +26,9 @@ from typing import IO
 import torch.distributed
 
 import stackproof
+from stackproof.judge import hang
+from stackproof.judge.findings import Finding
+from stackproof.measure import identity, stall
 from stackproof.run import dist as _dist
 
 # Where frames mean "waiting for the other ranks" (torch.distributed, stackproof's own sync), and where the
@@ -33,6 +36,7 @@ from stackproof.run import dist as _dist
 # inside the checkout cannot be mistaken for either.
 _WAITING_IN = (Path(torch.distributed.__file__).resolve().parent, Path(_dist.__file__).resolve())
 _PACKAGE = Path(stackproof.__file__).resolve().parent
+_CUDA = Path(torch.cuda.__file__).resolve().parent  # torch.cuda's code: synchronize, streams, events
 _THIS = Path(__file__).resolve()
 # How long rank 0 waits for the others' answers once it has fired.
 ANSWER_WAIT_S = 10.0
@@ -61,6 +65,33 @@ def _within(path: Path, place: Path) -> bool:
     return path == place or place in path.parents
 
 
+def main_thread_cuda_call(native: stall.Native) -> str:
+    """Where the main thread is inside a CUDA call ("" where it is not): a frame of torch.cuda's code (a
+    synchronize, an event or stream wait), or the thread blocked in the driver's ioctl (`native`, its /proc
+    reading)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        path = Path(frame.f_code.co_filename).resolve()
+        if _within(path, _CUDA):
+            return f"torch.cuda {path.name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return native.syscall if native.in_gpu_driver else ""
+
+
+def stall_answer(waiting: bool, where: str, gpu: dict | None) -> dict:
+    """What a rank says when the watchdog fires: where its main thread is (Python, and below it), and, for a
+    stalled rank on a GPU, what NVML says of the GPU meanwhile (judge/hang.py pins the hang, or not)."""
+    answer = {"waiting": waiting, "where": where, "node": identity.node_name()}
+    if waiting:
+        return answer
+    native = stall.native()
+    answer.update(in_cuda=main_thread_cuda_call(native), native=f"{native.state} {native.syscall}", gpu=gpu)
+    if gpu:
+        activity = stall.gpu_activity(gpu["uuid"])
+        answer.update(gpu_util=activity.utilization, gpu_error=activity.error)
+    return answer
+
+
 def main_thread_position(suite_dirs: tuple[Path, ...] = ()) -> tuple[bool, str]:
     """(waiting for peers?, the innermost frame of the suite's own code, as file:line in function)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
@@ -84,6 +115,10 @@ class CheckWatchdog:
         self.env, self.limit_s, self.on_stall, self.suite_dirs = env, limit_s, on_stall, suite_dirs
         self._timer: threading.Timer | None = None
         self._seq = 0
+        # This rank's GPU, read now: once the main thread is stuck in CUDA, asking torch could block too.
+        self.gpu = ({"index": env.device.index, "uuid": str(torch.cuda.get_device_properties(env.device).uuid)}
+                    if env.is_gpu else None)
+        self.findings: list[Finding] = []  # rank 0, once fired: each stalled rank's, GPU hang or tool timeout
 
     def arm(self, what: str) -> None:
         self._seq += 1
@@ -100,7 +135,7 @@ class CheckWatchdog:
         waiting, where = main_thread_position(self.suite_dirs)
         dump_stacks(what, self.limit_s, self.env.rank)  # before answering: rank 0 may end the run at once
         store = self.env.side_store or self.env.store
-        store.set(f"stall/{seq}/{self.env.rank}", json.dumps({"waiting": waiting, "where": where}))
+        store.set(f"stall/{seq}/{self.env.rank}", json.dumps(stall_answer(waiting, where, self.gpu)))
         if not self.env.is_main:
             return  # rank 0 reports; the launcher then stops this rank
         keys = [f"stall/{seq}/{rank}" for rank in range(self.env.world_size)]
@@ -111,6 +146,7 @@ class CheckWatchdog:
             answers = {rank: json.loads(store.get(key)) for rank, key in enumerate(keys) if store.check([key])}
         stalled = sorted(r for r, a in answers.items() if not a["waiting"])
         silent = sorted(set(range(self.env.world_size)) - set(answers))
+        self.findings = [hang.hang_finding(what, rank, answers[rank], self.limit_s) for rank in stalled]
         self.on_stall(what, stall_message(what, self.limit_s, self.env.world_size, answers), stalled + silent)
 
 
@@ -120,7 +156,9 @@ def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int,
     silent = sorted(set(range(world_size)) - set(answers))
     parts = []
     if stalled:
-        places = "; ".join(f"rank {r} at {answers[r]['where']}" for r in stalled)
+        places = "; ".join(f"rank {r} at {answers[r]['where']}"
+                           + (f" (in a CUDA call, {answers[r]['in_cuda']})" if answers[r].get("in_cuda") else "")
+                           for r in stalled)
         parts.append(f"rank(s) {stalled} stalled outside any collective ({places})")
     if silent:
         parts.append(f"rank(s) {silent} did not answer (dead, or stuck past this check)")

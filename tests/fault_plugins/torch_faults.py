@@ -218,3 +218,97 @@ def _capture_breaks(_rank):
             torch.cuda.synchronize(tensor.device)
         return real(tensor, *args, **kwargs)
     dist.all_reduce = all_reduce
+
+
+def _flip_middle_byte(tensor) -> None:
+    flat = tensor.reshape(-1).view(torch.uint8)
+    flat[flat.numel() // 2:flat.numel() // 2 + 1].bitwise_xor_(0x10)
+
+
+class _Waited:
+    """A work already waited on: waiting again returns at once."""
+
+    def __init__(self, work):
+        self._work = work
+
+    def wait(self, *args, **kwargs):
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+@fault("send-recv-corrupts")
+def _send_recv_corrupts(rank):
+    """What one rank receives by send/recv (batch_isend_irecv, pipeline parallelism's path) arrives with one
+    byte wrong."""
+    real = dist.batch_isend_irecv
+
+    @functools.wraps(real)
+    def batch_isend_irecv(p2p_op_list):
+        works = real(p2p_op_list)
+        if not _on(rank):
+            return works
+        for work in works:
+            work.wait()
+        for op in p2p_op_list:
+            if op.op is dist.irecv and op.tensor.numel():
+                _flip_middle_byte(op.tensor)
+        return [_Waited(work) for work in works]  # gloo's send/recv work blocks when waited on twice
+    dist.batch_isend_irecv = batch_isend_irecv
+
+
+@fault("all-to-all-corrupts")
+def _all_to_all_corrupts(rank):
+    """all_to_all_single delivers one byte wrong on one rank (expert parallelism's path)."""
+    real = dist.all_to_all_single
+
+    @functools.wraps(real)
+    def all_to_all_single(output, input, *args, **kwargs):
+        work = real(output, input, *args, **kwargs)
+        if _on(rank) and output.numel():
+            _flip_middle_byte(output)
+        return work
+    dist.all_to_all_single = all_to_all_single
+
+
+def _copy_corrupts(rank, matches, at_least: int = 64 * MiB):
+    """Tensor.copy_ delivers one byte wrong on one rank when `matches(dst, src)` and the buffer is large."""
+    real = torch.Tensor.copy_
+
+    @functools.wraps(real)
+    def copy_(self, src, non_blocking=False):
+        out = real(self, src, non_blocking)
+        if _on(rank) and self.numel() * self.element_size() >= at_least and matches(self, src):
+            if not self.is_cuda:
+                torch.cuda.synchronize()  # the copy into host memory is done before the byte is spoiled
+            _flip_middle_byte(self)
+        return out
+    torch.Tensor.copy_ = copy_
+
+
+@fault("h2d-copy-corrupts")
+def _h2d_copy_corrupts(rank):
+    """Host-to-device copies from pinned memory land with one byte wrong (a DMA / IOMMU / riser fault)."""
+    _copy_corrupts(rank, lambda dst, src: dst.is_cuda and not src.is_cuda and src.is_pinned())
+
+
+@fault("d2h-copy-corrupts")
+def _d2h_copy_corrupts(rank):
+    """Device-to-host copies into pinned memory land with one byte wrong."""
+    _copy_corrupts(rank, lambda dst, src: src.is_cuda and not dst.is_cuda and dst.is_pinned())
+
+
+@fault("d2d-copy-corrupts")
+def _d2d_copy_corrupts(rank):
+    """Device-to-device copies of large byte buffers land with one byte wrong (a bad HBM channel, a copy
+    engine)."""
+    _copy_corrupts(rank, lambda dst, src: dst.is_cuda and src.is_cuda and dst.dtype == src.dtype == torch.uint8)
+
+
+@fault("compile-returns-eager")
+def _compile_returns_eager(_rank):
+    """torch.compile hands back the eager function (what dynamo's suppress_errors fallback amounts to)."""
+    def compile(fn=None, *args, **kwargs):
+        return fn if fn is not None else (lambda f: f)
+    torch.compile = compile

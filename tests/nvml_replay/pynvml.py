@@ -74,6 +74,8 @@ def _argument(value):
         return {"_event_set": True}
     if isinstance(value, (list, tuple)):
         return [_argument(v) for v in value]
+    if type(value).__name__ == "CArgObject":  # a structure NVML fills (ctypes.byref): recorded as "*"
+        return "*"
     return value
 
 

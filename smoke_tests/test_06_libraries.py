@@ -1,0 +1,231 @@
+"""Every CUDA library the image ships, exercised once with a known answer on the run's device (as pytorch's own
+release smoke test, .ci/pytorch/smoke_test/smoke_test.py, does, and more): cuSOLVER, cuFFT, cuRAND, cuBLASLt in
+the dtypes training uses, torchvision's compiled ops, CUDA device-side errors reaching Python, numpy interop. A
+library built for another torch or CUDA loads, trains a ResNet and fails only here; each wrong answer, and each
+error where an answer was due, is a software-pins finding (stackproof/judge/software.py). On CPU ranks the same
+answers come from the CPU's libraries (LAPACK, pocketfft, oneDNN)."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from stackproof.judge import software
+
+ASSERT_TIMEOUT_S = 60.0  # a fresh process with a CUDA context, made to fail on purpose
+
+
+def _library(device: torch.device, cuda: str, cpu: str) -> str:
+    return cuda if device.type == "cuda" else cpu
+
+
+def _answer(report, library: str, what: str, expected: str, compute) -> None:
+    """`compute()` returns '' when right, else what it found; an exception is the library failing."""
+    try:
+        found = compute()
+    except Exception as err:  # the library itself failing is the finding (no kernel image, no backend)
+        found = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
+    if found:
+        finding = software.known_answer(library, what, expected, found)
+        report.found(finding)
+        pytest.fail(str(finding))
+
+
+def _close(found: torch.Tensor, want: torch.Tensor, tolerance: float) -> str:
+    error = float((found.double().cpu() - want.double().cpu()).abs().max())
+    return "" if error <= tolerance else f"max error {error:.3g} (tolerance {tolerance:g})"
+
+
+def test_linear_algebra(dist_env, report):
+    """cuSOLVER: a solve with a whole-number answer, and the singular values of Q diag(s) Q^T."""
+    device = dist_env.device
+    library = _library(device, f"cuSOLVER ({torch.backends.cuda.preferred_linalg_library()})", "LAPACK")
+    report.figure("library", library)
+    generator = torch.Generator().manual_seed(31)
+    n = 64
+
+    def solve():
+        a = torch.randint(-3, 4, (n, n), generator=generator).double() + 16 * torch.eye(n, dtype=torch.float64)
+        x = torch.randint(-5, 6, (n, 2), generator=generator).double()
+        return _close(torch.linalg.solve(a.to(device), (a @ x).to(device)), x, 1e-9)
+
+    def svd():
+        q, _ = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64))
+        s = torch.arange(n, 0, -1, dtype=torch.float64)
+        found = torch.linalg.svdvals((q @ torch.diag(s) @ q.T).to(device))
+        return _close(found, s, 1e-9)
+
+    _answer(report, library, "linalg.solve", "A x = b solved to the whole-number x", solve)
+    _answer(report, library, "linalg.svdvals", "singular values n..1 of Q diag(n..1) Q^T", svd)
+
+
+def test_fft(dist_env, report):
+    """cuFFT: a cosine's spectrum is two spikes of n/2; rfft then irfft gives the signal back."""
+    device = dist_env.device
+    library = _library(device, "cuFFT", "pocketfft")
+    report.figure("library", library)
+    n, k = 4096, 3
+    signal = torch.cos(2 * math.pi * k * torch.arange(n, dtype=torch.float64) / n).float()
+    want = torch.zeros(n, dtype=torch.complex64)
+    want[k] = want[n - k] = n / 2
+
+    def spectrum():
+        return _close(torch.fft.fft(signal.to(device)).abs(), want.abs(), 1e-2)
+
+    def round_trip():
+        return _close(torch.fft.irfft(torch.fft.rfft(signal.to(device)), n), signal, 1e-5)
+
+    _answer(report, library, "fft", f"|X| = {n // 2} at bins {k} and {n - k}, 0 elsewhere", spectrum)
+    _answer(report, library, "irfft(rfft(x))", "x back", round_trip)
+
+
+def test_random_numbers(dist_env, report):
+    """cuRAND's Philox through torch: one seed, the same numbers twice; uniform in [0, 1) with mean 1/2 and
+    normal with variance 1, to within 6 standard errors."""
+    device = dist_env.device
+    library = _library(device, "cuRAND (Philox)", "CPU generator (MT19937)")
+    report.figure("library", library)
+    count = 1 << 22
+
+    def draws(seed):
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return (torch.rand(count, device=device, generator=generator),
+                torch.randn(count, device=device, generator=generator))
+
+    def right():
+        (uniform, normal), (again, _) = draws(5), draws(5)
+        problems = []
+        if not torch.equal(uniform, again):
+            problems.append("the same seed gave other numbers")
+        if not (float(uniform.min()) >= 0 and float(uniform.max()) < 1):
+            problems.append(f"uniform outside [0, 1): {float(uniform.min())}..{float(uniform.max())}")
+        if abs(float(uniform.double().mean()) - 0.5) > 6 * math.sqrt(1 / 12 / count):
+            problems.append(f"uniform mean {float(uniform.double().mean()):.5f}")
+        if abs(float(normal.double().var()) - 1) > 6 * math.sqrt(2 / count):
+            problems.append(f"normal variance {float(normal.double().var()):.5f}")
+        return "; ".join(problems)
+
+    _answer(report, library, "rand/randn", "reproducible, in range, the right moments", right)
+
+
+def _matmul_dtypes(device: torch.device) -> list[str]:
+    names = ["float32", "tf32", "bfloat16", "float16"]
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9) and hasattr(torch, "_scaled_mm"):
+        names.append("float8_e4m3fn")
+    return names if device.type == "cuda" else ["float32", "bfloat16"]
+
+
+def test_cublaslt_matmuls(dist_env, report):
+    """cuBLAS / cuBLASLt in the dtypes training uses (tf32, bf16, fp16, fp8 where the GPU has it), a plain GEMM,
+    a GEMM with its bias fused (addmm: cuBLASLt's epilogue) and a batched one: whole-number operands whose
+    products are exact in every dtype, so the answer is the CPU's float64 bit for bit."""
+    device = dist_env.device
+    library = _library(device, f"cuBLASLt {torch.version.cuda}", "oneDNN / CPU BLAS")
+    names = _matmul_dtypes(device)
+    report.figure("library", library)
+    report.figure("dtypes", ",".join(names))
+    generator = torch.Generator().manual_seed(41)
+    m, k = 256, 32  # |every partial sum| <= 32: exact in bf16's 8 significant bits, and in fp8 inputs of +-1
+    a = torch.randint(-1, 2, (4, m, k), generator=generator).double()
+    b = torch.randint(-1, 2, (4, k, m), generator=generator).double()
+    bias = torch.randint(-4, 5, (m,), generator=generator).double()
+    for name in names:
+        def right(name=name):
+            if name == "float8_e4m3fn":
+                fp8 = torch.float8_e4m3fn
+                one = torch.ones((), device=device)
+                found = torch._scaled_mm(a[0].to(device, fp8), b[0].T.contiguous().to(device, fp8).T, one, one,
+                                         out_dtype=torch.bfloat16)
+                return _close(found, a[0] @ b[0], 0)
+            dtype = torch.float32 if name == "tf32" else getattr(torch, name)
+            previous = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+            try:
+                x, y, c = (t.to(device, dtype) for t in (a, b, bias))
+                problems = [f"{what}: {wrong}" for what, wrong in (
+                    ("mm", _close(x[0] @ y[0], a[0] @ b[0], 0)),
+                    ("addmm", _close(torch.addmm(c, x[0], y[0]), bias + a[0] @ b[0], 0)),
+                    ("bmm", _close(torch.bmm(x, y), a @ b, 0))) if wrong]
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = previous
+            return "; ".join(problems)
+
+        _answer(report, library, f"{name} GEMMs", "the exact product (whole numbers)", right)
+
+
+def test_torchvision_ops(dist_env, report):
+    """torchvision's compiled ops on the run's device: nms keeps the known boxes, roi_align equals torchvision's
+    own CPU kernel. A torchvision built for another torch or CUDA imports and fails here."""
+    import torchvision  # here, not at the top: its import takes seconds
+    from torchvision import ops
+
+    device = dist_env.device
+    library = f"torchvision {torchvision.__version__} ({device.type})"
+    report.figure("library", library)
+    boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [21, 21, 30, 30], [0, 0, 5, 5]],
+                         dtype=torch.float32)
+    scores = torch.tensor([0.9, 0.8, 0.7, 0.95, 0.1])
+
+    def nms():
+        keep = ops.nms(boxes.to(device), scores.to(device), 0.5).cpu().tolist()
+        return "" if keep == [3, 0, 4] else f"kept {keep}"
+
+    def roi_align():
+        generator = torch.Generator().manual_seed(51)
+        features = torch.randn(2, 4, 32, 32, generator=generator)
+        rois = torch.tensor([[0, 1.5, 2.0, 20.0, 17.5], [1, 0.0, 0.0, 31.0, 31.0]])
+        want = ops.roi_align(features, rois, (7, 7), 0.5, 2, aligned=True)
+        found = ops.roi_align(features.to(device), rois.to(device), (7, 7), 0.5, 2, aligned=True)
+        return _close(found, want, 1e-5)
+
+    _answer(report, library, "nms", "boxes [3, 0, 4] kept (IoU threshold 0.5)", nms)
+    _answer(report, library, "roi_align", "torchvision's CPU kernel's answer", roi_align)
+
+
+def test_device_side_errors_reach_python(dist_env, report):
+    """torch._assert_async: a true condition passes; a false one raises in Python (on a GPU, a device-side
+    assert: in a child process, since it poisons the CUDA context it happens in)."""
+    device = dist_env.device
+    report.figure("device", device.type)
+    torch._assert_async(torch.tensor(True, device=device))
+
+    def raised():
+        if device.type != "cuda":
+            try:
+                torch._assert_async(torch.tensor(False, device=device))
+            except RuntimeError:
+                return ""
+            return "no error"
+        child = subprocess.run([sys.executable, "-c", (
+            f"import torch; torch._assert_async(torch.tensor(False, device='cuda:{device.index}')); "
+            f"torch.cuda.synchronize({device.index})")], capture_output=True, text=True, timeout=ASSERT_TIMEOUT_S)
+        said = child.stderr.strip().splitlines()
+        if child.returncode != 0 and "device-side assert" in child.stderr:
+            return ""
+        return f"exit {child.returncode}: {said[-1][:300] if said else 'nothing on stderr'}"
+
+    _answer(report, f"CUDA {torch.version.cuda}" if device.type == "cuda" else "torch",
+            "torch._assert_async(False)", "a RuntimeError naming a device-side assert", raised)
+
+
+def test_numpy_interop(dist_env, report):
+    """torch and numpy share memory both ways, and the device's tensors come back through numpy intact."""
+    import numpy
+
+    report.figure("numpy", numpy.__version__)
+
+    def right():
+        array = numpy.arange(12, dtype=numpy.float32).reshape(3, 4)
+        shared = torch.from_numpy(array)
+        shared[0, 0] = 42
+        problems = [] if array[0, 0] == 42 else ["torch.from_numpy copied instead of sharing"]
+        back = (shared.to(dist_env.device) * 2).cpu().numpy()
+        if not numpy.array_equal(back, array * 2):
+            problems.append("a device round trip through numpy changed the values")
+        if torch.from_numpy(numpy.zeros(2, dtype=numpy.int64)).dtype != torch.int64:
+            problems.append("numpy int64 did not map to torch.int64")
+        return "; ".join(problems)
+
+    _answer(report, f"numpy {numpy.__version__}", "interop", "memory shared, values intact", right)

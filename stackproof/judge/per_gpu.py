@@ -1,0 +1,58 @@
+"""Cross-rank decisions about each GPU's figures, which rank 0 takes over every rank's value in rank order (the
+`decide` of DistEnv.agree): the GPUs whose GEMM digest is not their model's majority, and the GPUs more than a
+tolerance below their model's median. Pure, unit-tested without torch."""
+
+from __future__ import annotations
+
+import statistics
+
+from stackproof.judge import consensus
+
+
+def odd_ones_out(values: list, trusted: list[bool] | None = None) -> list[int]:
+    """The positions whose value is not the majority's; every position when there is no majority (1 against 1)."""
+    return consensus.odd_ones_out(values, trusted, tie_goes_to_rank_0=False)
+
+
+def below_median(values: list[float], tolerance: float) -> list[int]:
+    """The positions more than `tolerance` (a fraction) below the median of all."""
+    if not values:
+        return []
+    floor = (1 - tolerance) * statistics.median(values)
+    return [i for i, value in enumerate(values) if value < floor]
+
+
+def _by_model(entries: list[dict]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for rank, entry in enumerate(entries):
+        groups.setdefault(entry["model"], []).append(rank)
+    return groups
+
+
+def odd_ones_out_by_model(entries: list[dict]) -> dict:
+    """entries: every rank's {"model", "digest", "exact": bool}. Within each model, the ranks whose digest is not
+    the majority's; only ranks whose exact GEMM was right vote. Returns {"odd": [{"rank", "found", "expected"}],
+    "reference": {model: digest or None}} (expected None: no majority)."""
+    odd, reference = [], {}
+    for model, ranks in _by_model(entries).items():
+        digests = [entries[r]["digest"] for r in ranks]
+        trusted = [bool(entries[r].get("exact", True)) for r in ranks]
+        reference[model] = consensus.majority(digests, trusted)
+        odd += [{"rank": ranks[i], "found": digests[i], "expected": reference[model]}
+                for i in odd_ones_out(digests, trusted)]
+    return {"odd": sorted(odd, key=lambda o: o["rank"]), "reference": reference}
+
+
+def below_median_by_model(entries: list[dict], tolerance: float) -> dict:
+    """entries: every rank's {"model", "value"}. Within each model, the ranks more than `tolerance` below the
+    model's median. Returns {"slow": [{"rank", "found", "median"}], "median": {model: median}}. A rank without a
+    value (its measurement failed, and it says so itself) is left out."""
+    slow, medians = [], {}
+    for model, ranks in _by_model([e if e["value"] is not None else {**e, "model": None} for e in entries]).items():
+        if model is None:
+            continue
+        values = [entries[r]["value"] for r in ranks]
+        medians[model] = statistics.median(values)
+        slow += [{"rank": ranks[i], "found": values[i], "median": medians[model]}
+                 for i in below_median(values, tolerance)]
+    return {"slow": sorted(slow, key=lambda s: s["rank"]), "median": medians}

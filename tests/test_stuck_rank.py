@@ -1,0 +1,134 @@
+"""Nothing waits forever (issue 25, part 5): a rank the kernel cannot kill is named, and the run goes on. The rank
+is a real process stuck in uninterruptible sleep (state D) after SIGKILL: it holds a file on a FUSE mount that
+never answers the FLUSH its exit sends (tests/stuck_rank/fuse_hold.py), as a rank stuck in the GPU driver after
+an XID 79 holds its GPU. Stopping the mount's server lets it die at the end."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from stackproof.act import policy
+from stackproof.judge import hardware
+from stackproof.measure import topology
+from stackproof.run import launcher, local_ranks
+
+FUSE_HOLD = Path(__file__).parent / "stuck_rank" / "fuse_hold.py"
+HOLD_THEN_SLEEP = "import sys, time; f = open(sys.argv[1]); print('holding', flush=True); time.sleep(600)"
+
+
+@pytest.fixture
+def held_file(tmp_path):
+    """The path of a file whose holder cannot be killed (FUSE, served by a process of its own)."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    server = subprocess.Popen([sys.executable, str(FUSE_HOLD), str(mountpoint)], stdout=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([server.stdout], [], [], 10)
+    said = server.stdout.readline().strip() if ready else "no answer in 10 s"
+    if said != "ready":
+        server.kill()
+        server.wait()
+        pytest.skip(f"no FUSE mount here ({said}): the stuck rank needs /dev/fuse and CAP_SYS_ADMIN")
+    yield mountpoint / "held"
+    server.send_signal(signal.SIGTERM)  # aborts the connection: the stuck process finishes dying
+    server.wait(timeout=10)
+
+
+@pytest.fixture
+def short_grace(monkeypatch):
+    monkeypatch.setattr(local_ranks, "KILL_GRACE_S", 0.3)
+    monkeypatch.setattr(local_ranks, "KILL_WAIT_S", 0.5)
+
+
+def test_a_rank_that_outlives_sigkill_is_named_and_the_run_goes_on(held_file, short_grace, tmp_path):
+    started = time.monotonic()
+    outcome = local_ranks.run([sys.executable, "-c", HOLD_THEN_SLEEP, str(held_file)], 1, dict(os.environ), 1.5,
+                              logs=tmp_path / "logs")
+    took = time.monotonic() - started
+    assert outcome.timed_out and took < 1.5 + 0.3 + 3 * 0.5 + 1, took  # bounded: timeout + grace + kill waits
+    assert "holding" in (tmp_path / "logs" / "rank0.log").read_text()
+    (stuck,) = outcome.unkillable
+    assert (stuck["rank"], stuck["state"]) == (0, "D"), stuck
+    assert stuck["wchan"] != "n/a"
+    pid = stuck["pid"]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert Path(f"/proc/{pid}").exists()  # SIGKILL, again: still there
+    finding = hardware.unkillable(stuck["rank"], pid, stuck["state"], stuck["wchan"], 0, "GPU-x")
+    assert (finding.category, finding.severity, policy.of(finding)) == ("gpu-hardware", "reset", policy.DRAIN)
+    assert f"pid {pid}" in finding.found and "state D" in finding.found
+
+
+def test_ranks_that_die_are_not_named(short_grace):
+    outcome = local_ranks.run([sys.executable, "-c", "import time; time.sleep(600)"], 2, dict(os.environ), 0.5)
+    assert outcome.timed_out and outcome.unkillable == []
+
+
+def test_the_launchers_kill_waits_a_bounded_time(held_file, short_grace):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_THEN_SLEEP, str(held_file)], stdout=subprocess.PIPE,
+                            start_new_session=True, text=True)
+    assert proc.stdout.readline().strip() == "holding"
+    started = time.monotonic()
+    stuck = launcher._kill(proc, signal.SIGTERM)
+    assert time.monotonic() - started < 0.3 + 0.5 + 1
+    assert stuck is not None and stuck["state"] == "D" and stuck["pid"] == proc.pid
+
+
+def test_the_unkillable_rank_is_a_finding_in_the_report_on_its_gpu(tmp_path, monkeypatch):
+    from stackproof.report.record import Report
+    from stackproof.run.config import ValidateConfig
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    monkeypatch.setenv("STACKPROOF_NODE_NAME", "gpu-node-7")
+    gpus = [topology.Gpu(index, "NVIDIA H200", f"GPU-{index}", 1 << 30, pci_bus_id=f"00000000:1{index}:00.0")
+            for index in (0, 1)]
+    settings = ValidateConfig(reports=str(tmp_path))
+    launcher._record_unkillable(settings, [{"rank": 0, "pid": 4242, "state": "D", "wchan": "os_wait"}],
+                                topology.Inventory("580.159.04", "13.0", gpus))
+    (finding,) = Report.load(tmp_path).findings
+    assert (finding.gpu_index, finding.uuid, finding.node, finding.rank, finding.pci_bus_id) == (
+        1, "GPU-1", "gpu-node-7", 0, "00000000:11:00.0")  # rank 0 drives CUDA_VISIBLE_DEVICES' first GPU
+
+
+def test_an_nvml_that_never_answers_ends_the_survey_at_its_deadline(monkeypatch):
+    """NVML stuck in the driver: the survey's thread is left waiting and the launcher gets a verdict."""
+    import pynvml
+
+    release = threading.Event()
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", lambda: 13000)
+    monkeypatch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda: "580.159.04")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: release.wait(30) and 0)
+    started = time.monotonic()
+    found = topology.survey("/nonexistent", deadline_s=0.3)
+    assert time.monotonic() - started < 1.5
+    release.set()
+    assert found.gpus == [] and "did not answer within 0.3 s" in found.stalled
+    finding = hardware.nvml_stalled(found.stalled)
+    assert (finding.category, finding.severity, policy.of(finding)) == ("gpu-hardware", "reset", policy.DRAIN)
+
+
+def test_a_stalled_survey_ends_the_run_with_a_finding_not_a_hang(tmp_path):
+    import io
+    import json
+
+    from stackproof.errors import Exit
+    from stackproof.run import visibility
+    from stackproof.run.config import ValidateConfig
+
+    settings = ValidateConfig(reports=str(tmp_path), pci_devices=str(tmp_path / "no-bus"))
+    stalled = topology.Inventory("n/a", "n/a", [], stalled="NVML did not answer within 10 s")
+    out = io.StringIO()
+    assert visibility.hardware_verdict(settings, stalled, 0, out) == Exit.FAILED
+    (finding,) = json.loads((tmp_path / "report.json").read_text())["context"]["findings"]
+    assert (finding["check"], finding["category"]) == ("NVML answers", "gpu-hardware")
+    assert "NVML did not answer within 10 s" in out.getvalue()
