@@ -7,7 +7,7 @@ import dataclasses
 
 from stackproof.act import deadline as budget
 from stackproof.act.breaker import limit_problem
-from stackproof.settings import Settings, at_least, node_name, option, seconds
+from stackproof.settings import Settings, at_least, node_name, option, positive, seconds
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
 # The whole healthcheck: slurmd kills a HealthCheckProgram at 60 s; 3 s are left for the interpreter's start and
