@@ -12,10 +12,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stackproof import __version__
+from stackproof import __version__, files
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV
+from stackproof.settings import argument, parse_seconds, parse_signal
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
 ENVIRONMENT_HELP = ("environment: " + ", ".join(f"{name} (as {flag})" for name, flag in
@@ -47,8 +48,10 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
                                    "the verdict, and exit with its code. " + EXIT_CODES_HELP + ".")
     p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
     p.add_argument("--launcher-exit", type=int, metavar="RC", help="the exit code of torchrun / srun")
-    p.add_argument("--timed-out", type=float, metavar="S", help="the launcher stopped the run after S seconds")
-    p.add_argument("--interrupted", metavar="SIGNAL", help="the launcher was interrupted by SIGNAL")
+    p.add_argument("--timed-out", type=argument(parse_seconds), metavar="S",
+                   help="the launcher stopped the run after S seconds")
+    p.add_argument("--interrupted", type=argument(parse_signal), metavar="SIGNAL",
+                   help="the launcher was interrupted by SIGNAL (SIGTERM, TERM or 15)")
 
 
 HEALTHCHECK_DEFAULTS = {"tier": "fast"}
@@ -221,40 +224,10 @@ def _act(args: argparse.Namespace) -> int:
     from stackproof.act import run
     from stackproof.act.config import ActConfig
 
+    if getattr(args, "skip_busy_gpus", False):
+        raise ConfigError("--skip-busy-gpus: expected only with healthcheck (it chooses the GPUs this node checks), "
+                          "found it with act, which reads a finished run's report; fix: leave it out")
     return run.act_on_reports(args.reports, ActConfig.from_args(args), sys.stdout)
-
-
-def _output(path: Path, inputs: Sequence[Path], what: str) -> Path:
-    """Where `report` / `baseline` may write: a file that is neither a folder, nor one of the reports read, nor
-    any run's report.json (it would be lost). Exit 2 otherwise, before anything is written."""
-    import json
-
-    from stackproof.report.record import REPORT_FILE, SCHEMA
-
-    def refuse(found: str) -> ConfigError:
-        return ConfigError(f"-o {path}: expected a new file for the {what}, found {found}; fix: name another file, "
-                           f"e.g. -o {what.split()[-1]}.{'html' if 'page' in what else 'json'}")
-
-    if path.is_dir():
-        raise refuse("a folder")
-    read = {(p / REPORT_FILE if p.is_dir() else p).resolve() for p in inputs}
-    if path.resolve() in read:
-        raise refuse("one of the reports it reads")
-    try:
-        existing = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        existing = None  # not a report: the user's to overwrite
-    if isinstance(existing, dict) and existing.get("schema") == SCHEMA:
-        raise refuse("a run's report.json (overwriting it would lose the run)")
-    return path
-
-
-def _write_output(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as err:
-        raise ConfigError(f"-o {path}: expected a file this user can write, found {err.strerror or err}; fix: "
-                          "name a writable file") from None
 
 
 def _baseline(args: argparse.Namespace) -> int:
@@ -262,9 +235,9 @@ def _baseline(args: argparse.Namespace) -> int:
 
     from stackproof.measure import baseline
 
-    output = _output(args.output, args.reports, "baseline")
+    output = files.output_file(args.output, "baseline", "baseline.json", args.reports)
     made, said = baseline.make(args.reports)
-    _write_output(output, json.dumps(made, indent=2) + "\n")
+    files.write_text(output, json.dumps(made, indent=2) + "\n")
     print("\n".join(said))
     for entry in made["entries"]:
         figures = sum(len(f) for f in entry["figures"].values())
@@ -277,22 +250,13 @@ def _spec(args: argparse.Namespace) -> int:
     import json
 
     from stackproof.judge import spec
-    from stackproof.report.record import REPORT_FILE, SCHEMA, read_report
+    from stackproof.report.record import read_report
 
-    out: Path = args.output
-    if out.is_dir() or out.name == REPORT_FILE or out.resolve() in {p.resolve() for p in args.reports}:
-        raise ConfigError(f"-o {out}: expected the path of a new spec file, found "
-                          f"{'a folder' if out.is_dir() else 'a report'}; writing there would replace it; fix: "
-                          "-o spec.json")
-    try:
-        existing = json.loads(out.read_text()) if out.is_file() else None
-    except (OSError, ValueError):
-        existing = None
-    if isinstance(existing, dict) and existing.get("schema") == SCHEMA:
-        raise ConfigError(f"-o {out}: expected the path of a spec file, found a report.json ({SCHEMA}); writing "
-                          "there would replace it; fix: -o spec.json")
+    out = files.output_file(args.output, "spec", "spec.json", args.reports)
     made = spec.make_spec({str(path): read_report(path) for path in args.reports})
-    out.write_text(json.dumps(made, indent=2) + "\n")
+    files.write_text(out, json.dumps(made, indent=2) + "\n")
+    for warning in spec.unheld(made):
+        print(f"stackproof: warning: {warning}", file=sys.stderr)
     for entry in made["entries"]:
         print(f"# {spec.key_text(entry['key'])}: from {len(entry['reports'])} report(s): "
               + ", ".join(f"{k}={v}" for k, v in entry["expect"].items()))
@@ -303,7 +267,11 @@ def _spec(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from stackproof.report import page
 
-    path = page.write(args.reports, _output(args.output, args.reports, "HTML page"), references=args.reference)
+    output = files.output_file(args.output, "HTML page", "page.html", [*args.reports, *args.reference])
+    path, missing = page.write(args.reports, output, references=args.reference)
+    for folder in missing:
+        print(f"stackproof: warning: {folder}: expected a report.json, found none; the page lists it as missing "
+              "and draws the others", file=sys.stderr)
     print(f"# report: {path}")
     return 0
 
@@ -386,10 +354,23 @@ def _node_class(args: argparse.Namespace) -> int:
     return 0
 
 
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command's own parser these args were parsed by: `stackproof images check`'s, not the top's."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the subcommand's parser: its usage, its --help (argparse would print the top's)
+            _innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:
         if stop.code == Exit.USAGE and argv[:1] == ["healthcheck"]:
             # The scheduler's contract: a typo in a Prolog's flags is bad input, never a drain.

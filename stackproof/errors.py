@@ -28,7 +28,7 @@ class Exit(enum.IntEnum):
 _MEANINGS = {
     Exit.OK: "every check ran and passed",
     Exit.FAILED: "a check failed",
-    Exit.USAGE: "bad input (flags, settings, matrix or lock): nothing ran",
+    Exit.USAGE: "bad input (flags, settings, files, matrix or lock): nothing was judged",
     Exit.NO_GPU: "no GPU visible, but GPUs were expected",
     Exit.INCOMPLETE: "the run did not complete: a rank died or timed out, or what it promises was not judged",
     Exit.INTERRUPTED: "the run was interrupted (Ctrl-C, SIGTERM, docker stop) before every check ran",

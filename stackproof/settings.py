@@ -57,6 +57,54 @@ def not_blank(v: Any) -> str | None:
     return None if v is None or str(v).strip() else f"expected a non-empty value, found {v!r}"
 
 
+# A node's name as schedulers take it: letters, digits, '.', '_' and '-'. Anything else reaches scontrol (where
+# ',' and '[1-3]' name other nodes), kubectl, and the breaker's '|'-separated parse of sinfo.
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def node_name(v: Any) -> str | None:
+    if v is None or _NODE_NAME.match(str(v)):
+        return None
+    return (f"expected a node name (letters, digits, '.', '_', '-'; as the scheduler knows the node), found "
+            f"{v!r}")
+
+
+def parse_seconds(text: str) -> float:
+    """A duration given on a command line: a number of seconds, checked like a seconds setting."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number of seconds, found {text!r}") from None
+    problem = seconds(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def parse_signal(text: str) -> str:
+    """'SIGTERM', 'term' or '15' -> 'SIGTERM' (how the launchers name the signal that stopped a run)."""
+    import signal
+
+    name = str(text).strip().upper()
+    try:
+        return signal.Signals(int(name)).name if name.isdigit() else signal.Signals[
+            name if name.startswith("SIG") else "SIG" + name].name
+    except (KeyError, ValueError):
+        raise ValueError(f"expected a signal such as SIGTERM, SIGINT or SIGKILL (or its number), found "
+                         f"{text!r}") from None
+
+
+def argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A parse function as an argparse type: its ValueError's own words become argparse's message."""
+    def typed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    typed.__name__ = parse.__name__
+    return typed
+
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 

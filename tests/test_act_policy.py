@@ -5,6 +5,9 @@ two "nodes"), test_act_healthcheck.py (faults from outside the suite) and test_a
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -181,3 +184,35 @@ def test_nvml_failing_mid_way_is_said_not_skipped(monkeypatch):
 
     with pytest.raises(NvmlUnavailable, match="NVML could not list the GPUs' processes"):
         hardware.gpu_use()
+
+
+def test_busy_gpus_without_nvml_are_said_not_silently_skipped(monkeypatch, tmp_path):
+    """--skip-busy-gpus names what it skips: where NVML cannot start, it says that it could skip nothing."""
+    pynvml = pytest.importorskip("pynvml")
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: (_ for _ in ()).throw(pynvml.NVMLError(9)))
+    from stackproof.measure.topology import NvmlUnavailable
+
+    with pytest.raises(NvmlUnavailable, match="NVML could not start"):
+        hardware.gpu_use()
+    monkeypatch.undo()
+    proc = subprocess.run([sys.executable, "-m", "stackproof", "healthcheck", "--scheduler", "none",
+                           "--skip-busy-gpus", "--expect-gpus", "0", "-k", "dev_shm", "--reports", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = r"^# stackproof healthcheck: --skip-busy-gpus: NVML could not start: .*; no GPU skipped$"
+    assert re.search(said, proc.stdout, re.M), proc.stdout
+
+
+@pytest.mark.parametrize(("printed", "found"), [
+    ('{"items": ["gpu-1"]}', "items[0] that is not a Node of that shape ('gpu-1')"),
+    ('["gpu-1"]', "JSON without a list of items (list: \"['gpu-1']\")"),
+    ("<html>502 Bad Gateway</html>", "text that is not JSON ('<html>502 Bad Gateway</html>')"),
+    ('{"items": [{"metadata": {"name": "g1"}, "spec": {"taints": "none"}}]}', "items[0] that is not a Node"),
+])
+def test_odd_kubectl_output_is_said_as_what_kubectl_printed(printed, found):
+    """Before: the breaker withheld the drain '(string indices must be integers, not 'str')'."""
+    with pytest.raises(ValueError) as err:
+        kubernetes.fleet(printed, {"gpu-1"})
+    said = str(err.value)
+    assert said.startswith(f"`kubectl get nodes -o json` printed {found}") and "expected a NodeList" in said, said
+    assert "fix: check that kubectl talks to the cluster's API server" in said

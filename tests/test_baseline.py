@@ -92,6 +92,8 @@ def test_a_baseline_without_this_machine_is_bad_input_and_keys_are_named_when_mi
     assert "expected an entry for this run's machine (cpu, 1 rank(s)/node, 1 node(s))" in message
     assert "found only: cpu, 2 rank(s)/node, 1 node(s)" in message and "fix: make a baseline" in message
     assert f"# {message}" in proc.stdout
+    assert "nothing ran" not in proc.stdout  # the barrier ran: the verdict's words must not deny it
+    assert "exit code 2: bad input (flags, settings, files, matrix or lock): nothing was judged" in proc.stdout
     (tmp_path / "one").mkdir()
     proc, _ = validate(tmp_path / "one", "--expect-gpus", "0", "--nproc", "1", "-k", "barrier")
     assert proc.returncode == EXIT_OK, proc.stdout[-3000:]

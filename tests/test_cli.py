@@ -63,3 +63,14 @@ def test_an_expect_file_with_invalid_json_is_bad_input(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "stackproof", "validate", "--expect-file", str(bad)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "expected JSON, found invalid JSON" in proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "prog"), [(["validate", "--bogus"], "stackproof validate"),
+                                             (["images", "check", "--bogus"], "stackproof images check"),
+                                             (["spec", "r", "-o", "s.json", "--bogus"], "stackproof spec")])
+def test_an_unknown_flag_after_a_subcommand_is_said_by_that_subcommand(argv, prog):
+    """Before: the top-level usage (the list of commands), which does not say which flags the command takes."""
+    proc = subprocess.run([sys.executable, "-m", "stackproof", *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"usage: {prog} ") and "{validate,verdict" not in proc.stderr, proc.stderr
+    assert f"{prog}: unrecognized arguments: --bogus (see: {prog} --help)" in proc.stderr

@@ -134,10 +134,34 @@ def test_a_run_where_no_check_ran_says_why(tmp_path):
     text = page.render([page.load(path)])
     summary = text[text.index('id="verdict"'):text.index("<h2>Failing checks</h2>")]
     assert "None" not in summary and "Verdict: FAILED" in summary
+    assert "0 / 0 / 0 / 0" not in summary  # no rank started: nothing was counted, said as '-' (docs)
+    assert summary.count('<span class="muted">-</span>') == 3  # the counts, ranks and nodes
     failing = text[text.index("<h2>Failing checks</h2>"):text.index("<h2>all_reduce bandwidth and time</h2>")]
     assert "every check that ran passed" not in failing
     assert "no check failed, but the run did not pass: the rendezvous did not complete: node n2 never joined " \
            "(exit code 4)" in failing
+
+
+def test_a_node_folder_without_a_report_is_listed_missing_and_the_rest_drawn(tmp_path):
+    """`stackproof report reports/*/ -o fleet.html`, one node of which never wrote its report.json."""
+    folders = [tmp_path / f"gpu-{index:03d}" for index in range(3)]
+    for index, folder in enumerate(folders):
+        folder.mkdir()
+        if index != 1:
+            (folder / "report.json").write_text(json.dumps(node_report(index)))
+    out = tmp_path / "fleet.html"
+    made = subprocess.run([sys.executable, "-m", "stackproof", "report", *map(str, folders), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    assert f"stackproof: warning: {folders[1]}: expected a report.json, found none; the page lists it" in made.stderr
+    text = out.read_text()
+    missing = text[text.index('id="missing"'):]
+    assert "Missing: 1 reports folder(s) without a report" in missing and f"<b>{folders[1]}</b>" in missing
+    assert "Verdict: FAILED" in text  # a node not proven is not OK, though both others passed
+    assert "gpu-000" in text and "gpu-002" in text
+    none = subprocess.run([sys.executable, "-m", "stackproof", "report", str(folders[1]), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert none.returncode == Exit.USAGE and "found none that does; fix: name the folders" in none.stderr
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess:

@@ -32,6 +32,7 @@ def page(tmp_path_factory):
                           "-k", "barrier or busbw or (all_reduce and sum-float32)")
     assert failing.returncode == EXIT_FAILED, failing.stdout[-3000:]
     out = tmp / "site" / "report.html"
+    out.parent.mkdir()  # -o makes no folder (tests/test_files.py)
     made = stackproof("report", tmp / "ok" / "reports", tmp / "bad" / "reports" / "report.json", "-o", out,
                       "--reference", EAGER, "--reference", GRAPH)
     assert made.returncode == 0, made.stderr

@@ -34,3 +34,12 @@ def test_readme_exit_codes_are_the_cli_exit_codes():
     readme = (REPO_ROOT / "README.md").read_text()
     rows = re.findall(r"^\| (\d) \| (.+) \|$", readme, re.M)
     assert rows == [(str(int(code)), code.meaning) for code in Exit]
+
+
+def test_readme_says_what_baseline_and_act_do():
+    """Issue 30 item 20: a baseline's tolerances are each figure's own (from the known-good spread, docs/
+    baseline.md), not one 5 %; Kubernetes taints only the nodes to drain, not every failed one."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    baseline = next(line for line in readme.splitlines() if line.startswith("stackproof validate --baseline"))
+    assert "5 %" not in baseline and "tolerance (from the spread)" in baseline, baseline
+    assert "taint the failed ones" not in readme and "taint those to drain" in readme

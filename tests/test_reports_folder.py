@@ -96,7 +96,7 @@ def test_output_onto_a_runs_report_or_a_folder_is_refused(finished, tmp_path, co
                           (copy, "a run's report.json (overwriting it would lose the run)"), (tmp_path, "a folder")]:
         proc = stackproof(command, finished, "-o", output)
         assert proc.returncode == Exit.USAGE, (output, proc.stdout, proc.stderr)
-        assert f"-o {output}: expected a new file" in proc.stderr and words in proc.stderr
+        assert f"-o {output}: expected a file to write the" in proc.stderr and words in proc.stderr
         assert "Traceback" not in proc.stderr
     assert (finished / "report.json").read_bytes() == before and copy.read_bytes() == before
 

@@ -144,6 +144,12 @@ def test_a_spec_refuses_failed_runs_cpu_runs_and_values_that_differ(good):
     failed = {**good, "verdict": "FAILED", "exit_code": 1, "message": "a check failed"}
     with pytest.raises(ConfigError, match=r"r1: field 'verdict': expected OK .* found 'FAILED' .*fix: leave"):
         spec.make_spec({"r1": failed})
+    unfinished = {**good, "complete": False}  # says OK, but the run never wrote its final verdict
+    with pytest.raises(ConfigError, match=r"r2: field 'complete': expected true \(a run that finished .*found "
+                                          r"False: the run was still going or was stopped, verdict 'OK'"):
+        spec.make_spec({"r2": unfinished})
+    with pytest.raises(ConfigError, match=r"r3: field 'exit_code': expected 0"):
+        spec.make_spec({"r3": {**good, "exit_code": 4}})
     cpu = {**good, "tables": {}}
     with pytest.raises(ConfigError, match=r"cpu: field 'tables.per_gpu_facts': expected each GPU's facts"):
         spec.make_spec({"cpu": cpu})
@@ -164,11 +170,74 @@ def test_a_bad_spec_file_names_the_field(tmp_path, made):
     broken = copy.deepcopy(made)
     broken["entries"][0]["expect"]["colour"] = "green"
     path.write_text(json.dumps(broken))
-    assert "field 'entries[0].expect'" in spec.problem(str(path))
+    assert "field 'entries[0].expect.colour': expected only the fields gpu_count," in spec.problem(str(path))
     path.write_text("{")
     assert "expected a node spec JSON made by `stackproof spec`" in spec.problem(str(path))
     path.write_text(json.dumps(made))
     assert spec.problem(str(path)) is None
+
+
+def _set(path):
+    """A change to a spec at a dotted path (entries.0.expect.gpu_count), as a function of the spec."""
+    *parents, last = path.split(".")
+
+    def change(made, value):
+        target = made
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        target[last] = value
+    return change
+
+
+JUNK = [  # (what is changed, its value, the field named, what is expected)
+    ("entries.0.expect.gpu_count", "2", "entries[0].expect.gpu_count", "a whole number >= 1 or null"),
+    ("entries.0.expect.gpu_count", True, "entries[0].expect.gpu_count", "a whole number >= 1 or null"),
+    ("entries.0.expect.gpu_count", 3, "entries[0].expect.gpu_count", "the key's gpus_per_node (2) or null"),
+    ("entries.0.expect.ecc_enabled", "yes", "entries[0].expect.ecc_enabled", "true or false or null"),
+    ("entries.0.expect.memory_total_mib", -80, "entries[0].expect.memory_total_mib", "a whole number >= 1"),
+    ("entries.0.expect.nvlinks_up", 1.5, "entries[0].expect.nvlinks_up", "a whole number >= 0"),
+    ("entries.0.expect.power_limit_w", 0, "entries[0].expect.power_limit_w", "a number of watts > 0"),
+    ("entries.0.expect.gpu_model", " ", "entries[0].expect.gpu_model", "a non-empty string or null"),
+    ("entries.0.expect.driver_version", 580, "entries[0].expect.driver_version", "a non-empty string or null"),
+    ("entries.0.expect", {}, "entries[0].expect", "at least one field that is not null"),
+    ("entries.0.expect", dict.fromkeys(spec.FIELDS), "entries[0].expect", "at least one field that is not null"),
+    ("entries.0.key.gpu", "", "entries[0].key", "an object with gpu (a model)"),
+    ("entries.0.key.colour", "green", "entries[0].key.colour", "only the fields gpu, gpus_per_node"),
+    ("entries.0.notes", "x", "entries[0].notes", "only the fields key, reports, expect"),
+    ("owner", "me", "owner", "only the fields schema, stackproof, created, entries"),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "field", "expected"), JUNK, ids=[f"{w}={v!r}" for w, v, *_ in JUNK])
+def test_a_spec_of_the_wrong_types_or_values_is_refused_naming_the_field(tmp_path, made, where, value, field,
+                                                                          expected):
+    """Read as it is, "gpu_count": "2" would fail every node as 'expected 2, found 2' (gpu-hardware: drained),
+    and an empty entry would pass every node with nothing compared: refused at load, naming the field."""
+    broken = copy.deepcopy(made)
+    _set(where)(broken, value)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(broken))
+    said = spec.problem(str(path))
+    assert said and f"field '{field}': expected {expected}" in said and "fix: " in said, said
+
+
+def test_a_spec_with_nan_or_a_duplicate_entry_is_refused(tmp_path, made):
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(made).replace("700.0", "NaN"))
+    assert "found NaN, which is not a number (JSON has no NaN or Infinity)" in spec.problem(str(path))
+    twice = copy.deepcopy(made)
+    twice["entries"].append(copy.deepcopy(twice["entries"][0]))
+    path.write_text(json.dumps(twice))
+    assert ("field 'entries[1].key': expected one entry per key (entries[0] is also NVIDIA H200 x 2)"
+            in spec.problem(str(path)))
+
+
+def test_a_missing_spec_says_so_and_the_fix_without_an_exception_name(tmp_path):
+    said = spec.problem(str(tmp_path / "nope.json"))
+    assert said.endswith("nope.json: expected a node spec JSON made by `stackproof spec`, found no such file; fix: "
+                         "name the file `stackproof spec REPORT... -o FILE` wrote (make one from known-good runs: "
+                         "docs/spec.md)"), said
+    assert "Error" not in said
 
 
 def nodes(good, drivers, vbios=None):
@@ -224,10 +293,11 @@ def test_spec_command_writes_a_spec_and_refuses_to_overwrite_a_report(tmp_path):
     copied.write_text(FIXTURE.read_text())
     disguised = tmp_path / "x.json"
     disguised.write_text(FIXTURE.read_text())
-    for target, found in ((tmp_path, "found a folder"), (copied, "found a report"),
-                          (disguised, "found a report.json (stackproof.report/2)")):
+    for target, found in ((tmp_path, "found a folder"), (copied, "found a run's report.json"),
+                          (disguised, "found a run's report.json (overwriting it would lose the run)")):
         refused = stackproof("spec", FIXTURE, "-o", target)
-        assert refused.returncode == Exit.USAGE and found in refused.stderr and "fix: -o spec.json" in refused.stderr
+        assert refused.returncode == Exit.USAGE and found in refused.stderr, refused.stderr
+        assert "fix: name another file, e.g. -o spec.json" in refused.stderr
     assert json.loads(disguised.read_text())["schema"] == "stackproof.report/2"
 
 
@@ -248,9 +318,30 @@ def test_validate_spec_on_cpu_is_not_ok_and_its_report_makes_no_spec(tmp_path):
     assert not (tmp_path / "again.json").exists()
 
 
-def test_validate_refuses_a_bad_spec_before_any_rank_starts(tmp_path):
+def test_validate_refuses_a_bad_spec_before_any_rank_starts(tmp_path, made):
     (tmp_path / "bad.json").write_text(json.dumps({"schema": "stackproof.spec/1", "entries": []}))
     proc, report = validate(tmp_path, "--expect-gpus", "0", "--spec", tmp_path / "bad.json")
     assert proc.returncode == Exit.USAGE and report is None
     assert "--spec" in proc.stderr and "field 'entries': expected a non-empty list" in proc.stderr
     assert "Traceback" not in proc.stderr
+    made["entries"][0]["expect"]["gpu_count"] = "2"
+    (tmp_path / "typed.json").write_text(json.dumps(made))
+    proc, report = validate(tmp_path, "--expect-gpus", "0", "--spec", tmp_path / "typed.json")
+    assert proc.returncode == Exit.USAGE and report is None
+    assert "field 'entries[0].expect.gpu_count': expected a whole number >= 1 or null, found '2'" in proc.stderr
+
+
+def test_a_spec_from_runs_without_nvml_readings_says_what_it_will_not_hold(tmp_path, good):
+    """power_limit_w null is 'not compared', a model NVML did not name is 'unknown': made without a word,
+    such a spec would later pass nodes it cannot judge."""
+    for row in good["tables"][spec.TABLE]:
+        row["power_limit_w"] = row["vbios_version"] = row["gpu_model"] = None
+        row["nvml_errors"] = {"power limit": "NVMLError_NotSupported"}
+    (tmp_path / "report.json").write_text(json.dumps(good))
+    made = stackproof("spec", tmp_path, "-o", tmp_path / "spec.json")
+    assert made.returncode == 0, made.stderr
+    assert ("stackproof: warning: unknown x 2: the known-good runs have no reading of gpu_model, vbios_version, "
+            "power_limit_w (NVML gave none): this spec will not hold nodes to them (null: not compared); fix: ") \
+        in made.stderr
+    assert "unknown x 2: the known-good runs have no GPU model (NVML gave no name)" in made.stderr
+    assert "warning" not in stackproof("spec", FIXTURE, "-o", tmp_path / "full.json").stderr

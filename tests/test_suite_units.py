@@ -283,7 +283,12 @@ def test_watchdog_message_names_stalled_silent_and_waiting_ranks():
     message = stall_message("test_04_collectives.py::test_barrier", 310, 3, answers)
     assert message.startswith("test_04_collectives.py::test_barrier did not finish within 310 s: ")
     assert "rank(s) [1] stalled outside any collective (rank 1 at faults.py:19 in stop_if_asked)" in message
-    assert "rank(s) [2] did not answer" in message and "rank(s) [0] were waiting" in message
+    assert "rank(s) [2] did not answer" in message
+    assert "rank(s) [0] were waiting for rank(s) [1, 2] in a collective" in message
+    everyone_waits = stall_message("x::y", 310, 2, {r: {"waiting": True, "where": "dist.py:1 in _decide"}
+                                                    for r in (0, 1)})
+    assert "rank(s) [0, 1] were all waiting inside a collective, none stalled outside one" in everyone_waits
+    assert "for them" not in everyone_waits
 
 
 def test_watchdog_does_not_take_a_checkout_named_stackproof_for_the_suite(tmp_path):

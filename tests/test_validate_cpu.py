@@ -3,6 +3,7 @@ something on purpose, to prove the verdict turns red (and names the rank) when i
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -200,8 +201,27 @@ def test_the_watchdog_locates_a_rank_stalled_outside_any_collective(tmp_path):
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
     meaning = report["message"]
     assert "did not finish within 8 s: rank(s) [0] stalled outside any collective (rank 0 at faults.py:" in meaning
-    assert "rank(s) [1] were waiting for them in a collective" in meaning
+    assert "rank(s) [1] were waiting for rank(s) [0] in a collective" in meaning
     assert "# Verdict: FAILED (exit code 4" in proc.stdout
+
+
+def test_a_hang_leaves_every_thread_of_every_rank_in_its_own_log(tmp_path):
+    """pytest captures a check's stderr, and a rank that is stopped takes its capture with it: the stacks go
+    into each rank's log itself. The stalled rank's shows where it is stuck (the hang fault's sleep), rank 0's
+    the wait it hosts, both with the watchdog's own thread beside the main thread."""
+    proc, _ = validate(tmp_path, "--expect-gpus", "0", "-k", "collectives and barrier", "--inject-fault", "hang",
+                       "--timeout", "5", "--check-timeout", "8", "--run-timeout", "60")
+    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
+    assert "every thread's stack of each rank is in its log (logs/rank<N>.log" in proc.stdout
+    logs = {rank: (tmp_path / "reports" / "logs" / f"rank{rank}.log").read_text() for rank in (0, 1)}
+    for rank, log in logs.items():
+        assert f"# stackproof watchdog: rank {rank}: test_04_collectives.py::test_barrier still running after 8 s" \
+            in log, log
+        assert "Current thread" in log and "in _fire" in log  # the watchdog's thread ...
+        assert re.search(r"^Thread 0x[0-9a-f]+ \(most recent call first\):\n(  File .*\n)+", log, re.M), log
+    assert re.search(r'File ".*faults\.py", line \d+ in stop_if_asked\n  File ".*test_04_collectives\.py", '
+                     r"line \d+ in test_barrier", logs[1]), logs[1]  # ... and the main thread, where it is stuck
+    assert re.search(r'File ".*dist\.py", line \d+ in _decide', logs[0]), logs[0]
 
 
 def test_cpu_runs_check_all_reduce_at_16_mib_by_default(tmp_path):

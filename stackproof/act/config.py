@@ -7,7 +7,7 @@ import dataclasses
 
 from stackproof.act import deadline as budget
 from stackproof.act.breaker import limit_problem
-from stackproof.settings import Settings, at_least, option, positive
+from stackproof.settings import Settings, at_least, node_name, option, positive, seconds
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
 # The whole healthcheck: slurmd kills a HealthCheckProgram at 60 s; 3 s are left for the interpreter's start and
@@ -23,9 +23,10 @@ class ActConfig(Settings):
                                          "the policy table: docs/act.md", choices=SCHEDULERS)
     node: str | None = option(None, "the node's name in the scheduler. healthcheck: this node's (default "
                                     "STACKPROOF_NODE_NAME, SLURMD_NODENAME, else the host name); act: act on this "
-                                    "node only (default: every node of the report)", metavar="NAME")
+                                    "node only (default: every node of the report)", metavar="NAME",
+                              check=node_name)
     act_timeout: float = option(30.0, "seconds each scontrol / sinfo / kubectl call may take", metavar="S",
-                                check=positive)
+                                check=seconds)
     max_nodes: int | None = option(None, "drain no node when more than N nodes of one run are to be drained (a "
                                          "failure that wide is more likely the image or the settings); default: "
                                          "no limit",

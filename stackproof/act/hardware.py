@@ -13,8 +13,10 @@ class GpuUse:
     pids: tuple[int, ...]  # processes computing or drawing on it (a job's), as NVML lists them
 
 
-def gpu_use() -> list[GpuUse] | None:
-    """Every GPU NVML sees and who uses it; None when NVML cannot answer (then nothing can be skipped)."""
+def gpu_use() -> list[GpuUse]:
+    """Every GPU NVML sees and who uses it. NvmlUnavailable when NVML cannot answer (no driver, no nvidia-ml-py,
+    an error mid-way): then nothing can be skipped, and the caller says so (--skip-busy-gpus promises to name
+    what it skips: skipping nothing without a word would look like every GPU was idle)."""
     from stackproof.measure.topology import NvmlUnavailable, nvml_session
 
     try:
@@ -27,7 +29,7 @@ def gpu_use() -> list[GpuUse] | None:
                 use.append(GpuUse(index, str(nvml.nvmlDeviceGetUUID(handle)), tuple(sorted({p.pid for p in procs}))))
             return use
     except NvmlUnavailable:
-        return None
+        raise
     except Exception as err:  # an NVML error mid-way (a GPU lost): say so, skip nothing
         raise NvmlUnavailable(f"NVML could not list the GPUs' processes: {err}") from err
 

@@ -38,7 +38,7 @@ def commands(action: NodeAction, target: list[str] | None = None) -> list[list[s
 def fleet(nodes_json: str, targets: set[str]) -> Fleet:
     """FLEET's output -> the GPU node pool (every node when no target carries POOL_LABEL), and which of them
     carry stackproof's taint."""
-    items = json.loads(nodes_json).get("items", [])
+    items = _nodes(nodes_json)
     labels = {i["metadata"]["name"]: i["metadata"].get("labels") or {} for i in items}
     key, value = POOL_LABEL
     gpu_pool = any(labels.get(t, {}).get(key) == value for t in targets)
@@ -46,3 +46,30 @@ def fleet(nodes_json: str, targets: set[str]) -> Fleet:
     tainted = {i["metadata"]["name"] for i in items
                if any(t.get("key") == TAINT_KEY for t in (i.get("spec") or {}).get("taints") or [])}
     return Fleet(frozenset(pool), frozenset(tainted & pool))
+
+
+def _nodes(nodes_json: str) -> list[dict]:
+    """FLEET's output as a list of Node objects, each with metadata.name (and, if any, labels and taints of
+    their shape); anything else a ValueError saying what kubectl printed instead (a proxy's HTML page, an
+    error text, another kind of list), so the breaker can say why it could not count."""
+    def odd(found: str) -> ValueError:
+        return ValueError(f"`{' '.join(FLEET)}` printed {found}, expected a NodeList (an object whose items are "
+                          "Nodes with metadata.name); fix: check that kubectl talks to the cluster's API server "
+                          "(kubectl get nodes) with the context it is given")
+
+    try:
+        data = json.loads(nodes_json)
+    except ValueError:
+        raise odd(f"text that is not JSON ({nodes_json.strip()[:60]!r})") from None
+    items = data.get("items") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise odd(f"JSON without a list of items ({type(data).__name__}: {str(data)[:60]!r})")
+    for i, item in enumerate(items):
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        spec = item.get("spec") if isinstance(item, dict) else None
+        if (not isinstance(meta, dict) or not isinstance(meta.get("name"), str)
+                or not isinstance(meta.get("labels") or {}, dict) or not isinstance(spec or {}, dict)
+                or not isinstance((spec or {}).get("taints") or [], list)
+                or not all(isinstance(t, dict) for t in (spec or {}).get("taints") or [])):
+            raise odd(f"items[{i}] that is not a Node of that shape ({str(item)[:60]!r})")
+    return items

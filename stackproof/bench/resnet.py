@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stackproof import files
 from stackproof.errors import ConfigError, StackproofError
 from stackproof.run import local_ranks
 from stackproof.settings import Settings, at_least, option, parse_counts, seconds
@@ -39,7 +40,9 @@ class ResnetBench(Settings):
     steps: int = option(30, "timed steps", metavar="N", check=at_least(1))
     warmup: int = option(10, "steps before timing (cudnn autotuning, compilation)", metavar="N", check=at_least(1))
     timeout: float = option(900.0, "seconds one run (one GPU count, one mode) may take", metavar="S", check=seconds)
-    output: str | None = option(None, "also write the results as JSON here", flag="-o", metavar="FILE")
+    output: str | None = option(None, "also write the results as JSON here (checked before the benchmark runs)",
+                                flag="-o", metavar="FILE",
+                                check=files.output_problem("benchmark's results", "resnet.json"))
 
     def __post_init__(self) -> None:
         problems = self.field_problems()
@@ -78,9 +81,9 @@ def run(settings: ResnetBench, out=sys.stdout) -> int:
     results = with_scaling(results)
     print(format_table(results), file=out)
     if settings.output:
-        Path(settings.output).write_text(json.dumps({"schema": "stackproof.bench.resnet/1",
-                                                     "settings": dataclasses.asdict(settings),
-                                                     "results": [dataclasses.asdict(r) for r in results]}, indent=2))
+        files.write_text(Path(settings.output), json.dumps({
+            "schema": "stackproof.bench.resnet/1", "settings": dataclasses.asdict(settings),
+            "results": [dataclasses.asdict(r) for r in results]}, indent=2))
         print(f"# results: {settings.output}", file=out)
     return 0
 

@@ -96,7 +96,8 @@ class Matrix:
             if image.name == name:
                 return image
         known = ", ".join(i.name for i in self.images)
-        raise ConfigError(f"image {name!r}: not in {MATRIX_PATH.name}; known images: {known}")
+        raise ConfigError(f"image {name!r}: not in {MATRIX_PATH.name}; known images: {known}; fix: name one of them "
+                          "(stackproof images list)")
 
     @property
     def default_image(self) -> Image:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stackproof import __version__
+from stackproof import __version__, files
 from stackproof.errors import ConfigError
 from stackproof.judge import verdict
 from stackproof.judge.findings import RESET, RMA, Finding
@@ -38,6 +38,7 @@ class Rule:
     severity: str
     fix: str
     per_gpu: bool = True  # else one value per node
+    kind: str = "text"  # what its value must be (KINDS): checked when a spec is read
 
 
 # The fields, once. A wrong setting (driver, VBIOS, ECC, persistence, MIG, power limit) is configuration: the
@@ -46,32 +47,51 @@ class Rule:
 RULES = (
     Rule("gpu_count", "GPUs on the node", "gpu-hardware", "isolate",
          "find the missing GPU (nvidia-smi; lspci -d 10de:; dmesg for XID 79 'fallen off the bus'); " + RMA,
-         per_gpu=False),
+         per_gpu=False, kind="count"),
     Rule("gpu_model", "GPU model", "configuration", "triage",
          "run this node against the spec entry of its own GPU model (stackproof spec REPORT... -o FILE with a "
          "known-good run of it)"),
     Rule("memory_total_mib", "memory per GPU (MiB)", "gpu-hardware", "isolate",
-         "check ECC and MIG modes first (both change the memory NVML reports); otherwise " + RMA),
-    Rule("nvlinks_up", "NVLinks up", "interconnect", "reset", "nvidia-smi nvlink -s shows the links; " + RESET),
+         "check ECC and MIG modes first (both change the memory NVML reports); otherwise " + RMA, kind="count"),
+    Rule("nvlinks_up", "NVLinks up", "interconnect", "reset", "nvidia-smi nvlink -s shows the links; " + RESET,
+         kind="links"),
     Rule("pcie_gen", "PCIe generation (max the slot allows)", "interconnect", "triage",
-         "check the slot, riser and BIOS PCIe settings (lspci -vv: LnkCap)"),
+         "check the slot, riser and BIOS PCIe settings (lspci -vv: LnkCap)", kind="count"),
     Rule("pcie_width", "PCIe width (max the slot allows)", "interconnect", "triage",
-         "reseat the GPU or riser and check the slot (lspci -vv: LnkCap)"),
+         "reseat the GPU or riser and check the slot (lspci -vv: LnkCap)", kind="count"),
     Rule("ecc_enabled", "ECC mode", "configuration", "reset",
-         "nvidia-smi -i <GPU> -e 1, then reset the GPU or reboot (the mode changes at the next reset)"),
+         "nvidia-smi -i <GPU> -e 1, then reset the GPU or reboot (the mode changes at the next reset)",
+         kind="switch"),
     Rule("persistence_mode", "persistence mode", "configuration", "triage",
-         "nvidia-smi -i <GPU> -pm 1 (or enable nvidia-persistenced)"),
+         "nvidia-smi -i <GPU> -pm 1 (or enable nvidia-persistenced)", kind="switch"),
     Rule("mig_enabled", "MIG mode", "configuration", "reset",
-         "nvidia-smi -i <GPU> -mig 0 (or 1), then reset the GPU"),
+         "nvidia-smi -i <GPU> -mig 0 (or 1), then reset the GPU", kind="switch"),
     Rule("driver_version", "NVIDIA driver", "configuration", "triage",
          "install the spec's driver on this node (or make the spec again from runs on the new driver)",
          per_gpu=False),
     Rule("vbios_version", "VBIOS", "configuration", "triage",
          "flash the spec's VBIOS with the vendor's tool (or make the spec again from runs on the new VBIOS)"),
     Rule("power_limit_w", "enforced power limit (W)", "configuration", "triage",
-         "nvidia-smi -i <GPU> -pl <watts> (and check the BMC's power capping)"),
+         "nvidia-smi -i <GPU> -pl <watts> (and check the BMC's power capping)", kind="watts"),
 )
 FIELDS = tuple(rule.field for rule in RULES)
+
+
+def _whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+# What each kind of value must be, in words and as a test: a spec that says "2" or "yes" would hold a node to a
+# value NVML never reports, and every node would fail (a string "2" is not the count 2).
+KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "text": ("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip())),
+    "count": ("a whole number >= 1", lambda v: _whole(v, 1)),
+    "links": ("a whole number >= 0", lambda v: _whole(v, 0)),
+    "switch": ("true or false", lambda v: isinstance(v, bool)),
+    "watts": ("a number of watts > 0", lambda v: _number(v) and math.isfinite(v) and v > 0),
+}
+ALLOWED = {"spec": ("schema", "stackproof", "created", "entries"), "entry": ("key", "reports", "expect"),
+           "key": KEY_FIELDS}
 RULE = {rule.field: rule for rule in RULES}
 
 # From a GPU as NVML described it (topology.Gpu) to its row. None: NVML did not say.
@@ -188,6 +208,25 @@ def make_spec(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "entries": list(entries.values())}
 
 
+def unheld(made: Mapping[str, Any]) -> list[str]:
+    """What a spec made from runs where NVML gave no reading will not hold (a null field is not compared, an
+    unknown model matches no named one), one warning per entry: said when the spec is made, not found out when
+    a bad node passes."""
+    said = []
+    for entry in made["entries"]:
+        missing = [field for field in FIELDS if entry["expect"].get(field) is None]
+        name = key_text(entry["key"])
+        if missing:
+            said.append(f"{name}: the known-good runs have no reading of {', '.join(missing)} (NVML gave none): "
+                        "this spec will not hold nodes to them (null: not compared); fix: make it from runs where "
+                        "NVML answers (their report.json's per_gpu_facts rows name its errors), or leave it so on "
+                        "purpose")
+        if entry["key"]["gpu"] == "unknown":
+            said.append(f"{name}: the known-good runs have no GPU model (NVML gave no name): only nodes whose "
+                        "model NVML cannot name either match this entry by model")
+    return said
+
+
 def _first(where: list[str]) -> str:
     return where[0] + (f" (+{len(where) - 1} more)" if len(where) > 1 else "")
 
@@ -195,25 +234,48 @@ def _first(where: list[str]) -> str:
 # Reading a spec file.
 
 def parse(data: Any, source: str) -> dict[str, Any]:
-    """A spec, checked field by field: ConfigError (exit 2) naming the source and the field."""
+    """A spec, checked field by field, types and values: ConfigError (exit 2) naming the source and the field."""
     def bad(field: str, expected: str, found: Any) -> ConfigError:
         return ConfigError(f"--spec {source}: field {field}: expected {expected}, found {found!r}; fix: make it "
-                           "again with `stackproof spec REPORT... -o FILE` (docs/spec.md)")
+                           "again with `stackproof spec REPORT... -o FILE` (docs/spec.md), or correct that field")
+
+    def known_only(where: str, obj: dict, allowed: Sequence[str]) -> None:
+        unknown = sorted(set(obj) - set(allowed))
+        if unknown:
+            raise bad(f"'{where}{unknown[0]}'", f"only the fields {', '.join(allowed)}", obj[unknown[0]])
 
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise bad("'schema'", repr(SCHEMA), data.get("schema") if isinstance(data, dict) else data)
+    known_only("", data, ALLOWED["spec"])
     if not isinstance(data.get("entries"), list) or not data["entries"]:
         raise bad("'entries'", "a non-empty list", data.get("entries"))
+    keys: dict[str, int] = {}
     for i, entry in enumerate(data["entries"]):
-        key = entry.get("key") if isinstance(entry, dict) else None
-        if not isinstance(key, dict) or not isinstance(key.get("gpu"), str) or not _count(key.get("gpus_per_node")):
+        if not isinstance(entry, dict):
+            raise bad(f"'entries[{i}]'", "an object with key and expect", entry)
+        known_only(f"entries[{i}].", entry, ALLOWED["entry"])
+        key = entry.get("key")
+        if not isinstance(key, dict) or not KINDS["text"][1](key.get("gpu")) or not _count(key.get("gpus_per_node")):
             raise bad(f"'entries[{i}].key'", "an object with gpu (a model) and gpus_per_node (a count)", key)
+        known_only(f"entries[{i}].key.", key, ALLOWED["key"])
+        if key_text(key) in keys:
+            raise bad(f"'entries[{i}].key'", f"one entry per key (entries[{keys[key_text(key)]}] is also "
+                                             f"{key_text(key)})", key)
+        keys[key_text(key)] = i
         expect = entry.get("expect")
-        if not isinstance(expect, dict) or set(expect) - set(FIELDS):
+        if not isinstance(expect, dict):
             raise bad(f"'entries[{i}].expect'", f"an object of {', '.join(FIELDS)}", expect)
+        known_only(f"entries[{i}].expect.", expect, FIELDS)
+        if all(value is None for value in expect.values()):
+            raise bad(f"'entries[{i}].expect'", "at least one field that is not null (a null field is not "
+                                                "compared: this entry would hold a node to nothing)", expect)
         for field, value in expect.items():
-            if value is not None and not isinstance(value, (str, int, float, bool)):
-                raise bad(f"'entries[{i}].expect.{field}'", "a string, number, true/false or null", value)
+            words, fits = KINDS[RULE[field].kind]
+            if value is not None and not fits(value):
+                raise bad(f"'entries[{i}].expect.{field}'", f"{words} or null", value)
+        if expect.get("gpu_count") not in (None, key["gpus_per_node"]):
+            raise bad(f"'entries[{i}].expect.gpu_count'", f"the key's gpus_per_node ({key['gpus_per_node']}) or "
+                                                          "null", expect["gpu_count"])
     return data
 
 
@@ -223,11 +285,9 @@ def _count(value: Any) -> bool:
 
 def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"--spec {path}: expected a node spec JSON made by `stackproof spec`, found "
-                          f"{type(err).__name__}: {err}") from None
+    data = files.read_json(path, "a node spec JSON made by `stackproof spec`", "name the file `stackproof spec "
+                           "REPORT... -o FILE` wrote (make one from known-good runs: docs/spec.md)", flag="--spec",
+                           finite=True)
     return parse(data, str(path))
 
 

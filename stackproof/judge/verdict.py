@@ -117,9 +117,19 @@ def nothing_judged(checks: Iterable[tuple[str, str, str]]) -> str | None:
 
 def require_known_good(source: str, report: Mapping[str, Any], made: str) -> None:
     """A report a baseline or spec is made from must be of a complete run where every check passed: one made
-    from failing runs would hold later runs to a broken machine. Anything else is refused (exit 2)."""
-    if report.get("verdict") != "OK" or report.get("exit_code") != 0 or not report.get("complete"):
-        raise ConfigError(f"{source}: field 'verdict': expected OK (a complete run where every check passed), "
-                          f"found {report.get('verdict')!r} (exit code {report.get('exit_code')}: "
-                          f"{report.get('message')}); a {made} made from failing runs would hold later runs to a "
-                          "broken machine; fix: leave this report out")
+    from failing runs would hold later runs to a broken machine. Anything else is refused (exit 2), naming the
+    field that is not so: `complete` first (a run still going, or stopped, says OK nowhere it can be trusted)."""
+    said = f"{report.get('verdict')!r} (exit code {report.get('exit_code')}: {report.get('message')})"
+    if report.get("complete") is not True:
+        field, expected, found = ("complete", "true (a run that finished and wrote its final verdict)",
+                                  f"{report.get('complete')!r}: the run was still going or was stopped, verdict "
+                                  + said)
+    elif report.get("verdict") != "OK":
+        field, expected, found = "verdict", "OK (a complete run where every check passed)", said
+    elif report.get("exit_code") != 0:
+        field, expected, found = "exit_code", "0 (every check ran and passed)", said
+    else:
+        return
+    raise ConfigError(f"{source}: field '{field}': expected {expected}, found {found}; a {made} made from failing "
+                      "runs (or unfinished ones) would hold later runs to a broken machine; fix: leave this report "
+                      "out (or run the node again to the end)")

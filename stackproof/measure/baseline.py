@@ -6,12 +6,11 @@ stackproof/judge/baseline.py. docs/baseline.md.
 from __future__ import annotations
 
 import datetime
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stackproof import __version__
+from stackproof import __version__, files
 from stackproof.errors import ConfigError
 from stackproof.judge import verdict
 from stackproof.judge.baseline import (
@@ -77,11 +76,9 @@ def make(paths: Sequence[Path]) -> tuple[dict[str, Any], list[str]]:
 def load(path: str | Path) -> dict[str, Any]:
     """A baseline file, checked field by field: exit 2 naming the file and the field."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"--baseline {path}: expected a baseline JSON made by `stackproof baseline`, found "
-                          f"{type(err).__name__}: {err}") from None
+    data = files.read_json(path, "a baseline JSON made by `stackproof baseline`", "name the file `stackproof "
+                           "baseline REPORT... -o FILE` wrote (make one from known-good runs: docs/baseline.md)",
+                           flag="--baseline", finite=True)
 
     def bad(field: str, expected: str, found: Any) -> ConfigError:
         return ConfigError(f"--baseline {path}: field {field}: expected {expected}, found {found!r}; fix: make it "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from stackproof import files
 from stackproof.errors import ConfigError
 
 # The columns of nccl-tests 2.x when no header was captured (e.g. a pasted excerpt).
@@ -62,7 +63,8 @@ def read(path: Path) -> list[Row]:
     try:
         text = path.read_text(errors="replace")
     except OSError as err:
-        raise ConfigError(f"--reference {path}: expected nccl-tests' output, found {err}") from None
+        raise ConfigError(f"--reference {path}: expected nccl-tests' output, found {files.found_text(err)}; fix: "
+                          "name the file all_reduce_perf's stdout was saved to (all_reduce_perf ... > FILE)") from None
     rows = parse(text)
     if not rows:
         raise ConfigError(f"--reference {path}: expected nccl-tests' data lines (size count type redop root time "

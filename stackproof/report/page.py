@@ -12,12 +12,12 @@ import html
 from pathlib import Path
 from typing import Any
 
-from stackproof import __version__
-from stackproof.errors import Exit
+from stackproof import __version__, files
+from stackproof.errors import ConfigError, Exit
 from stackproof.judge import baseline
 from stackproof.report import fleet, nccl_tests
 from stackproof.report.attestation import read_record, record_line
-from stackproof.report.record import read_report
+from stackproof.report.record import REPORT_FILE, read_report
 
 ATTESTATION = "_attestation"  # the page's own key for the record `stackproof attest` left beside a report
 
@@ -246,13 +246,19 @@ def _known(value: Any) -> str:
     return _e(value) if value is not None else '<span class="muted">-</span>'
 
 
+def _counts(report: dict[str, Any]) -> str:
+    """passed / failed / skipped / not run; '-' when no rank started (no world, no check): nothing was counted."""
+    if not report.get("checks") and (report.get("world") or {}).get("size") is None:
+        return _known(None)
+    counts = report.get("counts", {})
+    return _e(" / ".join(str(counts.get(k, "?")) for k in ("passed", "failed", "skipped", "not_run")))
+
+
 def _summary(runs: list[tuple[str, dict[str, Any]]]) -> str:
     table = _table(["run", "verdict", "exit code", "why", "checks (passed / failed / skipped / not run)",
                     "ranks", "nodes", "wall time"],
                    [[_e(label), _e(r.get("verdict")), _e(r.get("exit_code")), _e(r.get("message", "")),
-                     _e("{passed} / {failed} / {skipped} / {not_run}".format(
-                         **{k: r.get("counts", {}).get(k, "?") for k in ("passed", "failed", "skipped",
-                                                                          "not_run")})),
+                     _counts(r),
                      _known(r.get("world", {}).get("size")), _known(r.get("world", {}).get("nodes")),
                      _e(f"{r.get('wall_time_s') or 0:.1f} s")] for label, r in runs],
                    [("FAIL" if r.get("verdict") != "OK" else "") for _, r in runs])
@@ -288,10 +294,19 @@ def _per_run(runs: list[tuple[str, dict[str, Any]]]) -> str:
     return "".join(parts)
 
 
+def _missing(missing: list[Path]) -> str:
+    if not missing:
+        return ""
+    items = "".join(f"<li><b>{_e(path)}</b>: no {REPORT_FILE} there</li>" for path in missing)
+    return (f'<h2 id="missing">Missing: {len(missing)} reports folder(s) without a report</h2><ul>{items}</ul>'
+            '<p class="muted">Its run never started there, or its report went to another folder (its --reports): '
+            "what these nodes are is not shown, and not proven.</p>")
+
+
 def render(runs: list[tuple[str, dict[str, Any]]],
-           references: list[tuple[str, list[nccl_tests.Row]]] = ()) -> str:
-    verdict = max((r.get("verdict", "FAILED") for _, r in runs),
-                  key=lambda v: VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER))
+           references: list[tuple[str, list[nccl_tests.Row]]] = (), missing: list[Path] = ()) -> str:
+    verdicts = [r.get("verdict", "FAILED") for _, r in runs] + ["FAILED"] * len(missing)  # unproven: not OK
+    verdict = max(verdicts, key=lambda v: VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER))
     # The maps are for many nodes; runs of one node (before and after a change) compare in their own tables.
     nodes = {n.get("node") for _, r in runs for n in r.get("nodes", [])}
     maps = (f"<h2>Fleet: node &times; check</h2>{fleet.check_map(runs)}"
@@ -311,6 +326,7 @@ def render(runs: list[tuple[str, dict[str, Any]]],
 <div class="verdict {_e(verdict)}" id="verdict">Verdict: {_e(verdict)} ({_e(code.meaning if verdict == "OK" else
     "at least one run did not pass")})</div>
 {_summary(runs)}
+{_missing(list(missing))}
 {"".join(f'<p class="attestation">{_e(label)}: {_e(record_line(r[ATTESTATION]))}</p>' for label, r in runs
          if r.get(ATTESTATION))}
 {maps}
@@ -329,9 +345,19 @@ def render(runs: list[tuple[str, dict[str, Any]]],
 """
 
 
-def write(paths: list[Path], output: Path, references: list[Path] = ()) -> Path:
-    runs = [load(path) for path in paths]
-    text = render(runs, [(path.name, nccl_tests.read(path)) for path in references])
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
-    return output
+def missing_reports(paths: list[Path]) -> list[Path]:
+    """The folders among `paths` that hold no report.json: a fleet's node whose run wrote none (the others
+    are drawn; these are listed). A path that is not there at all is a typo, for `load` to refuse."""
+    return [path for path in paths if path.is_dir() and not (path / REPORT_FILE).exists()]
+
+
+def write(paths: list[Path], output: Path, references: list[Path] = ()) -> tuple[Path, list[Path]]:
+    """The page of the runs at `paths`, written to `output`; (output, the folders that held no report)."""
+    missing = missing_reports(paths)
+    if len(missing) == len(paths):
+        raise ConfigError(f"{', '.join(map(str, paths))}: expected reports folders holding a {REPORT_FILE}, found "
+                          f"none that does; fix: name the folders validate wrote (its --reports)")
+    runs = [load(path) for path in paths if path not in missing]
+    text = render(runs, [(path.name, nccl_tests.read(path)) for path in references], missing)
+    files.write_text(output, text)  # into a folder that exists (files.output_file): none is made
+    return output, missing

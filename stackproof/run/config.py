@@ -9,6 +9,7 @@ import dataclasses
 import os
 
 from stackproof.errors import ConfigError
+from stackproof.files import folder_problem
 from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
 from stackproof.measure.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.measure.health import KERNEL_LOG
@@ -20,6 +21,7 @@ from stackproof.settings import (
     between,
     flag_of,
     fraction,
+    node_name,
     not_blank,
     option,
     parse_bytes,
@@ -150,9 +152,9 @@ class ValidateConfig(Settings):
                                          "report for `stackproof attest` (make test-gpu passes the image's RepoDigest)",
                                    metavar="REF", check=not_blank, env="STACKPROOF_IMAGE_REF")
     reports: str = option("reports", "where report.json, junit.xml and rank logs go; one run at a time per folder",
-                          metavar="DIR", env=REPORTS_ENV, check=not_blank)
+                          metavar="DIR", env=REPORTS_ENV, check=folder_problem)
     min_shm: int = option(1 << 30, "bytes /dev/shm must hold, for NCCL's shared-memory transport and DataLoader "
-                                   "workers", metavar="SIZE", parse=parse_bytes, check=at_least(0),
+                                   "workers", metavar="SIZE", parse=parse_bytes, check=positive,
                           env="STACKPROOF_MIN_SHM_BYTES")
     expect_declared: bool = option(False, "with no --image, --expect-file or baked-in expected.json, compare the "
                                           "runtime pins with what the image's ENV declares (PYTORCH_VERSION, "
@@ -163,7 +165,7 @@ class ValidateConfig(Settings):
                                                "default: every GPU this process sees", metavar="LIST",
                                          check=not_blank)
     node_name: str | None = option(None, "this node's name in the report (what a drain or a taint names; default "
-                                         "SLURMD_NODENAME, else the host name)", metavar="NAME", check=not_blank,
+                                         "SLURMD_NODENAME, else the host name)", metavar="NAME", check=node_name,
                                    env=NODE_NAME_ENV)
     pair_bytes: int | None = option(None, "bytes each pair of ranks sends each way per exchange in the pairwise "
                                           "pass (default 256M on GPU, 1M on CPU)", metavar="SIZE", parse=parse_bytes,

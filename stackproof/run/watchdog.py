@@ -5,6 +5,11 @@ control to Python. So a thread on every rank wakes up when a check has run too l
 thread is, and posts that to the store: ranks waiting inside torch.distributed (or stackproof's cross-rank sync)
 are victims; a rank anywhere else is the one that stalled them. Rank 0 collects the answers, writes the
 verdict and ends the run (exit 4); the launcher stops the other ranks.
+
+Before it answers, each rank writes the stack of every one of its threads into its own log (`send_stacks_to`,
+set by the worker to the log itself: pytest captures stderr during a check, and a rank that is stopped takes
+what it captured with it). So the stalled rank's log shows where it is stuck, and the waiting ranks' logs the
+collective they wait in.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import torch.distributed
 
@@ -34,6 +40,25 @@ _CUDA = Path(torch.cuda.__file__).resolve().parent  # torch.cuda's code: synchro
 _THIS = Path(__file__).resolve()
 # How long rank 0 waits for the others' answers once it has fired.
 ANSWER_WAIT_S = 10.0
+# Where a rank's stacks go when its watchdog fires (send_stacks_to); stderr until the worker says.
+_stacks: IO[str] | None = None
+
+
+def send_stacks_to(log: IO[str]) -> None:
+    """Every thread's stack goes to `log` (this rank's own log) when the watchdog fires, and on a fatal signal
+    (faulthandler: SIGSEGV, SIGABRT, ...) too."""
+    global _stacks
+    _stacks = log
+    faulthandler.enable(file=log, all_threads=True)
+
+
+def dump_stacks(what: str, limit_s: float, rank: int) -> None:
+    """Every thread of this rank, the main thread (where the check runs) among them, into its log."""
+    log = _stacks or sys.stderr
+    print(f"\n# stackproof watchdog: rank {rank}: {what} still running after {limit_s:g} s; the stack of every "
+          "thread of this rank, most recent call first:", file=log, flush=True)
+    faulthandler.dump_traceback(file=log, all_threads=True)
+    log.flush()
 
 
 def _within(path: Path, place: Path) -> bool:
@@ -108,7 +133,7 @@ class CheckWatchdog:
 
     def _fire(self, seq: int, what: str) -> None:
         waiting, where = main_thread_position(self.suite_dirs)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=False)  # the full stack, into this rank's log
+        dump_stacks(what, self.limit_s, self.env.rank)  # before answering: rank 0 may end the run at once
         store = self.env.side_store or self.env.store
         store.set(f"stall/{seq}/{self.env.rank}", json.dumps(stall_answer(waiting, where, self.gpu)))
         if not self.env.is_main:
@@ -137,7 +162,11 @@ def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int,
         parts.append(f"rank(s) {stalled} stalled outside any collective ({places})")
     if silent:
         parts.append(f"rank(s) {silent} did not answer (dead, or stuck past this check)")
-    if waiting:
-        parts.append(f"rank(s) {waiting} were waiting for them in a collective")
+    if waiting and stalled + silent:
+        parts.append(f"rank(s) {waiting} were waiting for rank(s) {sorted(stalled + silent)} in a collective")
+    elif waiting:
+        parts.append(f"rank(s) {waiting} were all waiting inside a collective, none stalled outside one (the "
+                     "collective itself did not complete: a GPU, a link or the communication library)")
     return (f"{what} did not finish within {limit_s:.0f} s: " + "; ".join(parts)
-            + "; stacks are in the rank logs; raise the limit with --check-timeout")
+            + "; every thread's stack of each rank is in its log (logs/rank<N>.log in the reports folder); raise "
+              "the limit with --check-timeout")

@@ -18,7 +18,7 @@ import pytest
 
 from stackproof.errors import ConfigError, Exit
 from stackproof.report.record import Report, ReportUnreadable
-from stackproof.run import launch_env, phases, settle, smoke_tests_dir
+from stackproof.run import launch_env, phases, settle, smoke_tests_dir, watchdog
 from stackproof.run.config import ValidateConfig
 from stackproof.run.dist import adopt_slurm_env, world_size_from_env
 from stackproof.run.plugin import Handover
@@ -90,12 +90,15 @@ def _run(settings: ValidateConfig) -> int:
     log = reports / "logs" / f"rank{rank}.log"
     suite = smoke_tests_dir()
     # no:unraisableexception: at exit it runs gc.collect() until nothing is left, 0.75 s over torch's objects.
-    args = [str(suite), "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-q", "--rootdir", str(suite),
+    # no:faulthandler: pytest's would point a crash's stacks at its captured stderr, not at the log (watchdog.py).
+    args = [str(suite), "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:faulthandler", "-q",
+            "--rootdir", str(suite),
             "-c", str(suite / "pytest.ini"),
             *(("-k", settings.select) if settings.select else ()), *settings.pytest_args]
     handover = Handover(settings, None, launched)
     with _logged_to(log) as contract:
         handover.stdout = contract
+        watchdog.send_stacks_to(os.fdopen(os.dup(2), "w", buffering=1))  # the log, past pytest's capture
         rc = pytest.main(args, plugins=[handover])
     try:
         report = Report.load(reports) if rank == 0 else None
