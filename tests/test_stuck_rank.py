@@ -91,9 +91,10 @@ def test_the_unkillable_rank_is_a_finding_in_the_report_on_its_gpu(tmp_path, mon
     gpus = [topology.Gpu(index, "NVIDIA H200", f"GPU-{index}", 1 << 30, pci_bus_id=f"00000000:1{index}:00.0")
             for index in (0, 1)]
     settings = ValidateConfig(reports=str(tmp_path))
-    launcher._record_unkillable(settings, [{"rank": 0, "pid": 4242, "state": "D", "wchan": "os_wait"}],
-                                topology.Inventory("580.159.04", "13.0", gpus))
-    (finding,) = Report.load(tmp_path).findings
+    found = launcher._unkillable(settings, [{"rank": 0, "pid": 4242, "state": "D", "wchan": "os_wait"}],
+                                 topology.Inventory("580.159.04", "13.0", gpus))
+    Report(findings=found, override=(4, "a rank could not be stopped"), complete=True).write(tmp_path)
+    (finding,) = Report.load(tmp_path).findings  # the launcher's finding, as the settled record keeps it
     assert (finding.gpu_index, finding.uuid, finding.node, finding.rank, finding.pci_bus_id) == (
         1, "GPU-1", "gpu-node-7", 0, "00000000:11:00.0")  # rank 0 drives CUDA_VISIBLE_DEVICES' first GPU
 
