@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from stackproof.act import breaker, decide, slurm
+from stackproof.errors import Healthcheck
 
 pytestmark = pytest.mark.slurm
 
@@ -254,7 +255,8 @@ def test_slurm_fleet_reads_the_live_sinfo(clean):
 
 def test_healthcheck_started_by_srun_on_every_node_acts_as_each_nodes_launcher(clean, tmp_path):
     """`srun -N2 stackproof healthcheck`: each task has SLURM_PROCID / SLURM_NTASKS=2 (a rank of a 2-task step
-    before), runs its own node's check, and n2 (broken all_reduce) is drained, n1 not; srun exits 1 (n2's)."""
+    before), runs its own node's check, and n2 (broken all_reduce) is drained, n1 not; srun exits n2's code, the
+    taken-out one (healthcheck itself, not healthcheck.sh, which would turn it into 1)."""
     script = (f'[ "$SLURMD_NODENAME" != n2 ] || export PYTHONPATH={BROKEN_ALLREDUCE}:$PYTHONPATH; '
               f'exec {PYTHON or __import__("sys").executable} -m stackproof healthcheck --scheduler slurm '
               f'--node "$SLURMD_NODENAME" --reports {tmp_path}/"$SLURMD_NODENAME" {CHECKS} -k "{SELECTION}"')
@@ -263,10 +265,11 @@ def test_healthcheck_started_by_srun_on_every_node_acts_as_each_nodes_launcher(c
                           capture_output=True, text=True, timeout=WAIT_S,
                           env={**_env(), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
+    assert proc.returncode == Healthcheck.TAKEN_OUT, out[-4000:]
     ignored = [line for line in out.splitlines() if "runs as this node's launcher, not as a rank: ignoring" in line]
     assert len(ignored) == 2 and all("SLURM_PROCID" in x and "SLURM_NTASKS" in x for x in ignored), out[-4000:]
-    assert "this node stays in service; exit 0" in out and "this node taken out of service (n2); exit 1" in out
+    assert "this node stays in service; exit 0" in out
+    assert f"this node taken out of service (n2); exit {int(Healthcheck.TAKEN_OUT)}" in out
     assert set(_settled_reasons({"n2"})) == {"n2"}
 
 
