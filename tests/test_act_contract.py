@@ -148,3 +148,21 @@ def test_healthcheck_sh_maps_only_taken_out_to_1(tmp_path):
                                              STACKPROOF_HEALTHCHECK_CONF="/nonexistent"), cwd=tmp_path)
         assert proc.returncode == expected, (code, proc.stdout, proc.stderr)
         assert ("BROKEN" in proc.stderr) == (code not in (0, TAKEN_OUT)), (code, proc.stderr)
+
+
+def test_the_broken_metric_passes_promtool_lint(tmp_path):
+    """Both writers' textfiles (the guard's and healthcheck.sh's) are valid exposition format."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (CI installs prometheus)")
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    subprocess.run(["bash", str(HEALTHCHECK_SH)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                   env=_clean_env(STACKPROOF_PYTHON=str(fake), STACKPROOF_NODE_NAME="n1",
+                                  STACKPROOF_HEALTHCHECK_REPORTS=str(tmp_path / "r"),
+                                  STACKPROOF_HEALTHCHECK_CONF="/nonexistent"))
+    for text in (contract.metric(True, 'Module"NotFound'), contract.metric(False),
+                 (tmp_path / "r" / "n1" / contract.BROKEN_FILE).read_text()):
+        lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                              timeout=60)
+        assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), (text, lint.stdout + lint.stderr)
