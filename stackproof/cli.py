@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stackproof import __version__, files
-from stackproof.errors import ConfigError, Exit, StackproofError
+from stackproof.errors import HEALTHCHECK_EXIT_HELP, ConfigError, Exit, StackproofError
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV
 from stackproof.settings import argument, parse_seconds, parse_signal
@@ -54,7 +54,8 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
                    help="the launcher was interrupted by SIGNAL (SIGTERM, TERM or 15)")
 
 
-HEALTHCHECK_DEFAULTS = {"tier": "fast"}
+# healthcheck keeps its runs (run/folders.py): the run that drained a node outlives the hourly ones after it.
+HEALTHCHECK_DEFAULTS = {"tier": "fast", "keep_runs": 20}
 
 
 def _act_parsers(sub: argparse._SubParsersAction) -> None:
@@ -66,9 +67,8 @@ def _act_parsers(sub: argparse._SubParsersAction) -> None:
                                    "validate on this node (--tier fast unless given), then act as the policy table "
                                    "says (docs/act.md): a hardware failure drains / taints the node (within "
                                    "--max-drained); an image, pins or settings failure, bad input, the tool's own "
-                                   "timeout or an interruption are reported and alerted on, never acted on. Exit "
-                                   "(the scheduler's contract): 1 when this node is taken out of service (or "
-                                   "would be, with --scheduler none), else 0, the reason on stdout.",
+                                   "timeout or an interruption are reported and alerted on, never acted on. "
+                                   + HEALTHCHECK_EXIT_HELP + ".",
                        epilog=ENVIRONMENT_HELP)
     ActConfig.add_arguments(p.add_argument_group("acting on the verdict"))
     ValidateConfig.add_arguments(p.add_argument_group("validate's settings"), defaults=HEALTHCHECK_DEFAULTS)
@@ -202,6 +202,8 @@ def _verdict(args: argparse.Namespace) -> int:
 
 
 def _healthcheck(args: argparse.Namespace) -> int:
+    """Any crash here goes up to act/contract.py's guard (python -m stackproof healthcheck), which keeps the
+    scheduler's contract: it never becomes the taken-out code."""
     from stackproof.act import run
     from stackproof.act.config import ActConfig
 
@@ -209,15 +211,7 @@ def _healthcheck(args: argparse.Namespace) -> int:
         settings, act_settings = ValidateConfig.from_args(args), ActConfig.from_args(args)
     except ConfigError as err:
         return run.bad_input(err, sys.stdout)
-    try:
-        return run.healthcheck(settings, act_settings, sys.stdout)
-    except Exception as err:  # the tool's own fault (a full disk, a bug) never takes the node out: the contract
-        import traceback
-
-        detail = str(err) if isinstance(err, StackproofError) else traceback.format_exc()
-        print(f"stackproof: {detail}\n# stackproof healthcheck: not acted on ({type(err).__name__}); this node "
-              f"stays in service; exit {run.STAYS}", flush=True)
-        return run.STAYS
+    return run.healthcheck(settings, act_settings, sys.stdout)
 
 
 def _act(args: argparse.Namespace) -> int:

@@ -35,6 +35,30 @@ _MEANINGS = {
 }
 
 
+class Healthcheck(enum.IntEnum):
+    """`stackproof healthcheck`'s exit codes: the scheduler's contract (docs/act.md). TAKEN_OUT is a code that no
+    crash gives (Python's uncaught exception and `No module named ...` exit 1, argparse 2, bash 126/127, a signal
+    128+N, validate 0-5): the Slurm and Kubernetes wrappers take a node out for it alone, so a broken install, a
+    missing python or a bug can never drain a fleet. scripts/slurm/healthcheck.sh and
+    scripts/kubernetes/daemonset.yaml spell it (a shell cannot import this); tests/test_act_contract.py holds
+    them to it."""
+
+    STAYS = 0
+    TAKEN_OUT = 86  # "to 86": to take out of service
+
+    @property
+    def meaning(self) -> str:
+        return {Healthcheck.STAYS: "this node stays in service (a pass, an alert, a withheld drain, bad input, the "
+                                   "tool's own failure: the reason is on stdout)",
+                Healthcheck.TAKEN_OUT: "this node was taken out of service (drained / tainted, or would be with "
+                                       "--scheduler none)"}[self]
+
+
+HEALTHCHECK_EXIT_HELP = ("exit codes (the scheduler's contract): " +
+                         ", ".join(f"{int(code)} {code.meaning}" for code in Healthcheck) +
+                         "; any other code (a crash, a broken install) is the tool's, never the node's")
+
+
 class StackproofError(Exception):
     """Base class; the CLI prints the message alone (no traceback) and exits with `exit_code`."""
 

@@ -1,9 +1,10 @@
 """`stackproof healthcheck` on this host (CPU ranks), with faults from outside the suite, and the scheduler's
-contract: exit 1 only when the node is taken out of service (here --scheduler none: would be), else 0.
+contract: exit TAKEN_OUT (errors.Healthcheck) only when the node is taken out of service (here --scheduler none:
+would be), else 0.
 
 - started as a rank of someone else's job (RANK, WORLD_SIZE, SLURM_PROCID ... set, as under srun or in a Prolog),
   with torch's all_reduce broken underneath (tests/fixtures/broken_allreduce on PYTHONPATH): it launches its own
-  ranks, the hardware-classified check fails, and the node would be drained (exit 1);
+  ranks, the hardware-classified check fails, and the node would be drained (exit TAKEN_OUT);
 - the scheduler allocated GPUs (SLURM_GPUS_ON_NODE), none is visible and no NVIDIA runtime is here: an alert, exit 0;
 - bad input: nothing ran, the node stays in service (exit 0).
 """
@@ -15,6 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stackproof.errors import Healthcheck
+
+TAKEN_OUT = int(Healthcheck.TAKEN_OUT)
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 BROKEN_ALLREDUCE = REPO / "tests" / "fixtures" / "broken_allreduce"
@@ -37,12 +41,12 @@ def test_started_as_a_rank_it_launches_its_own_and_a_broken_all_reduce_takes_the
                         LOCAL_RANK="1", MASTER_ADDR="10.0.0.1", MASTER_PORT="29999", SLURM_PROCID="3",
                         SLURM_NTASKS="8")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
+    assert proc.returncode == TAKEN_OUT, out[-4000:]
     assert "runs as this node's launcher, not as a rank: ignoring RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, " \
            "MASTER_PORT, SLURM_PROCID, SLURM_NTASKS" in out, out[-4000:]
     assert "collectives::all_reduce[sum-float32]  FAIL" in out and "found 2.0, expected 1.0" in out, out[-4000:]
     assert "# stackproof act: n2: drain: stackproof: collectives::all_reduce[sum-float32] rank 0" in out
-    assert "this node would be taken (--scheduler none) out of service (n2); exit 1" in out
+    assert f"this node would be taken (--scheduler none) out of service (n2); exit {TAKEN_OUT}" in out
 
 
 def test_without_the_broken_library_the_same_run_stays_in_service(tmp_path):

@@ -141,7 +141,8 @@ def test_the_breaker_holds_every_new_drain_past_the_limit():
 
 
 def test_slurm_fleet_is_the_targets_partitions():
-    sinfo = "n1|gpu*|none\nn2|gpu*|stackproof: x\nn3|cpu|stackproof: y\nn4|gpu*|Not responding\n"
+    sinfo = ("n1|gpu*|Unknown|none\nn2|gpu*|2026-12-01T10:00:00|stackproof: x\nn3|cpu|2026-12-01T10:00:01|"
+             "stackproof: y\nn4|gpu*|2026-12-01T09:00:00|Not responding\n")
     assert slurm.fleet(sinfo, {"n1"}) == breaker.Fleet(frozenset({"n1", "n2", "n4"}), frozenset({"n2"}))
 
 

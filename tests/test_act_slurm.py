@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from stackproof.act import breaker, decide, slurm
+from stackproof.errors import Healthcheck
 
 pytestmark = pytest.mark.slurm
 
@@ -51,11 +52,29 @@ export SLURM_CONF={conf}    # scontrol / sinfo must reach this cluster, not the 
 export STACKPROOF_HEALTHCHECK_REPORTS="$dir/runs/$id"
 export STACKPROOF_HEALTHCHECK_ARGS="$(cat "$dir/args")"
 [ ! -f "$dir/broken/$SLURMD_NODENAME" ] || export PYTHONPATH={broken}
+# Every node counts before any drains (the race the breaker must survive): the breaker's first sinfo waits for all.
+[ ! -f "$dir/barrier" ] || export PATH="$dir/shims:$PATH" STACKPROOF_TEST_BARRIER="$dir/runs/$id/counted" \
+    STACKPROOF_TEST_BARRIER_N="$(cat "$dir/barrier")"
+# A broken install: the site's python has no stackproof (and no checkout on its path).
+[ ! -f "$dir/python" ] || {{ export STACKPROOF_PYTHON="$(cat "$dir/python")"; unset STACKPROOF_REPO; }}
 exec bash {script} -k "{selection}"
 """
 
 
 CONF = "/etc/slurm-act/slurm.conf"
+
+
+SINFO_BARRIER = """#!/usr/bin/env bash
+# The first sinfo of each node (the circuit breaker's count) answers only once every node of the scenario has
+# its answer: every count is taken before any node drains.
+barrier="$STACKPROOF_TEST_BARRIER"
+if [ -z "$barrier" ] || [ -e "$barrier/$SLURMD_NODENAME" ]; then exec {sinfo} "$@"; fi
+out="$({sinfo} "$@")"; rc=$?
+mkdir -p "$barrier" && touch "$barrier/$SLURMD_NODENAME"
+for _ in $(seq 150); do [ "$(ls "$barrier" | wc -l)" -ge "$STACKPROOF_TEST_BARRIER_N" ] && break; sleep 0.1; done
+printf '%s\\n' "$out"
+exit "$rc"
+"""
 
 
 def _env() -> dict[str, str]:
@@ -83,6 +102,10 @@ def cluster(tmp_path_factory):
                                       broken=BROKEN_ALLREDUCE, script=HEALTHCHECK,
                                       selection=SELECTION, conf=CONF))
     wrapper.chmod(0o755)
+    (folder / "shims").mkdir()
+    shim = folder / "shims" / "sinfo"
+    shim.write_text(SINFO_BARRIER.format(sinfo=__import__("shutil").which("sinfo") or "/usr/bin/sinfo"))
+    shim.chmod(0o755)
     extra = (f"HealthCheckProgram={wrapper}\nHealthCheckInterval=5\nHealthCheckNodeState=ANY\n"
              f"Prolog={wrapper}\nPrologFlags=Alloc\nSchedulerParameters=nohold_on_prolog_fail")
     env = {**_env(), "SLURM_CLUSTER_EXTRA_CONF": extra, "SLURM_CLUSTER_WAIT_S": "90"}
@@ -93,18 +116,26 @@ def cluster(tmp_path_factory):
     subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, text=True, timeout=120, env=env)
 
 
-def _scenario(folder: Path, mode: str | None, *, nodes=NODES, broken=(), extra: str = "") -> str:
+def _scenario(folder: Path, mode: str | None, *, nodes=NODES, broken=(), extra: str = "", checks: str = CHECKS,
+              python: str | None = None, partition: str = "debug",
+              barrier: bool = False) -> str:
     """Set what the next HealthCheckProgram / Prolog runs do; None: nothing (the programs exit at once)."""
     (folder / "scenario").unlink(missing_ok=True)
+    for switch in ("python", "barrier"):
+        (folder / switch).unlink(missing_ok=True)
     if mode is None:
         return ""
+    if python:
+        (folder / "python").write_text(python)
+    if barrier:
+        (folder / "barrier").write_text(str(len(nodes)))
     (folder / "broken").mkdir(exist_ok=True)
     for old in (folder / "broken").iterdir():
         old.unlink()
     for node in broken:
         (folder / "broken" / node).write_text("")
     (folder / "nodes").write_text("\n".join(nodes) + "\n")
-    (folder / "args").write_text(f"{CHECKS} {extra}")
+    (folder / "args").write_text(f"{checks} {extra}")
     (folder / "mode").write_text(mode)
     scenario = f"{mode}-{time.monotonic_ns()}"
     (folder / "scenario").write_text(scenario)
@@ -152,9 +183,11 @@ def clean(cluster):
     _resume_all()
 
 
-def _prolog_job(nodes) -> subprocess.Popen:
-    """A real job on `nodes`: slurmd runs the Prolog on each before the job starts (PrologFlags=Alloc)."""
-    return subprocess.Popen(["srun", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", "--time=3",
+def _prolog_job(nodes, partition: str = "debug") -> subprocess.Popen:
+    """A real job on `nodes`: slurmd runs the Prolog on each before the job starts (PrologFlags=Alloc), on every
+    node at once."""
+    return subprocess.Popen(["srun", f"--partition={partition}", f"--nodelist={','.join(nodes)}",
+                             f"--nodes={len(nodes)}", "--time=3",
                              "--immediate=120", "--no-kill", "bash", "-c", "echo $SLURMD_NODENAME"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
 
@@ -163,7 +196,7 @@ def _run(folder: Path, mode: str, **kw) -> tuple[dict[str, str], tuple[int | Non
     """The scenario run by slurmd; (node -> healthcheck.log, the job's (exit, stdout, stderr) in a Prolog)."""
     nodes = kw.get("nodes", NODES)
     scenario = _scenario(folder, mode, **kw)
-    job = _prolog_job(nodes) if mode == "prolog" else None
+    job = _prolog_job(nodes, kw.get("partition", "debug")) if mode == "prolog" else None
     logs = _finished(folder, scenario, nodes)
     if job is None:
         return logs, None
@@ -222,7 +255,8 @@ def test_slurm_fleet_reads_the_live_sinfo(clean):
 
 def test_healthcheck_started_by_srun_on_every_node_acts_as_each_nodes_launcher(clean, tmp_path):
     """`srun -N2 stackproof healthcheck`: each task has SLURM_PROCID / SLURM_NTASKS=2 (a rank of a 2-task step
-    before), runs its own node's check, and n2 (broken all_reduce) is drained, n1 not; srun exits 1 (n2's)."""
+    before), runs its own node's check, and n2 (broken all_reduce) is drained, n1 not; srun exits n2's code, the
+    taken-out one (healthcheck itself, not healthcheck.sh, which would turn it into 1)."""
     script = (f'[ "$SLURMD_NODENAME" != n2 ] || export PYTHONPATH={BROKEN_ALLREDUCE}:$PYTHONPATH; '
               f'exec {PYTHON or __import__("sys").executable} -m stackproof healthcheck --scheduler slurm '
               f'--node "$SLURMD_NODENAME" --reports {tmp_path}/"$SLURMD_NODENAME" {CHECKS} -k "{SELECTION}"')
@@ -231,8 +265,64 @@ def test_healthcheck_started_by_srun_on_every_node_acts_as_each_nodes_launcher(c
                           capture_output=True, text=True, timeout=WAIT_S,
                           env={**_env(), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
+    assert proc.returncode == Healthcheck.TAKEN_OUT, out[-4000:]
     ignored = [line for line in out.splitlines() if "runs as this node's launcher, not as a rank: ignoring" in line]
     assert len(ignored) == 2 and all("SLURM_PROCID" in x and "SLURM_NTASKS" in x for x in ignored), out[-4000:]
-    assert "this node stays in service; exit 0" in out and "this node taken out of service (n2); exit 1" in out
+    assert "this node stays in service; exit 0" in out
+    assert f"this node taken out of service (n2); exit {int(Healthcheck.TAKEN_OUT)}" in out
     assert set(_settled_reasons({"n2"})) == {"n2"}
+
+
+# --- issue 25: a fault everywhere, nodes acting at once; a broken install ------------------------------------
+TRIO = ("n1", "n2", "n3")
+REASON = "stackproof: collectives::all_reduce[sum-float32] rank 0"
+
+
+@pytest.mark.parametrize(("mode", "serialized"), [("prolog", "lock"), ("prolog", "recount"), ("hc", "recount")])
+def test_a_fault_on_every_node_at_once_drains_at_most_max_drained(clean, mode, serialized):
+    """Three healthchecks at once (a 3-node job's Prologs start together; the HealthCheckPrograms too), each with
+    the same fault (all_reduce's sums wrong on every node, a bad driver rollout as the ranks see it: a drain) and
+    --max-drained 1. Each counts 0 drained before any drains; unserialized, all three drained. With
+    --breaker-lock they take turns; without it (every count held until all three have counted: a sinfo shim on
+    PATH) the re-count in slurmctld's order resumes the two past the cap. Either way: one drained, two in
+    service."""
+    lock = f"--breaker-lock {clean / 'breaker.lock'}" if serialized == "lock" else ""
+    # --deadline: three nodes' torch ranks share this 2-core host (slurmd's own limit is not the point here)
+    logs, _ = _run(clean, mode, nodes=TRIO, broken=TRIO, partition="trio",
+                   extra=f"--max-drained 1 --deadline 140 {lock}", barrier=serialized == "recount")
+    assert all(REASON in log for log in logs.values()), logs
+    if serialized == "recount":  # the race happened: every node counted none drained
+        assert all("circuit breaker: 0 of 3 nodes out of service" in log for log in logs.values()), logs
+    reasons = _settled_reasons({n for n in TRIO if "# exit 1" in logs[n]})
+    drained = {n for n, r in reasons.items() if r.startswith(decide.PREFIX)}
+    assert len(drained) == 1, (reasons, {n: log[-2500:] for n, log in logs.items()})
+    (kept,) = drained
+    assert "# exit 1" in logs[kept] and "taken out of service" in logs[kept]
+    for node in set(TRIO) - drained:
+        assert "this node stays in service (drain withheld:" in logs[node] and "# exit 0" in logs[node], logs[node]
+    if serialized == "lock":
+        assert all(f"circuit breaker: holding {clean / 'breaker.lock'}" in log for log in logs.values())
+    else:  # the losers drained, counted again and resumed themselves
+        resumed = [n for n in TRIO if "the re-count after draining found" in logs[n]]
+        assert sorted(resumed) == sorted(set(TRIO) - drained), {n: log[-2500:] for n, log in logs.items()}
+
+
+@pytest.mark.parametrize("mode", ["hc", "prolog"])
+def test_a_broken_install_never_drains(clean, tmp_path, mode):
+    """The site's python is a real venv without stackproof: `No module named stackproof` on every node. Nothing is
+    drained (not by stackproof, not by Slurm's "Prolog error"), the job runs, and each node says BROKEN and
+    counts it in stackproof-healthcheck.prom."""
+    import venv
+
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(bare)
+    os.chmod(tmp_path, 0o755)
+    logs, job = _run(clean, mode, python=str(bare / "bin" / "python"))
+    for node, log in logs.items():
+        assert "No module named stackproof" in log and "stackproof healthcheck: BROKEN" in log, log[-2000:]
+        assert "# exit 0 (stackproof healthcheck exited 1)" in log, log[-2000:]
+        metric = max(clean.glob(f"runs/{mode}-*/{node}/stackproof-healthcheck.prom"), key=lambda p: p.stat().st_mtime)
+        assert 'stackproof_healthcheck_broken{reason="exit 1"} 1' in metric.read_text()
+    assert _settled_reasons(set(), wait_s=3) == {}
+    if job is not None:
+        assert job[0] == 0 and sorted(job[1].split()) == sorted(NODES), job

@@ -15,12 +15,14 @@ import pytest
 from test_judge_health import SYSFS, answer, recorded
 
 from stackproof.act import decide, policy
-from stackproof.errors import ConfigError
+from stackproof.errors import ConfigError, Healthcheck
 from stackproof.judge import exceptions, health
 from stackproof.judge.findings import Finding
 from stackproof.report.record import Check, Report, read_report
+from stackproof.run import folders
 
 REPO = Path(__file__).resolve().parents[1]
+TAKEN_OUT = int(Healthcheck.TAKEN_OUT)
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 REPLAY = Path(__file__).parent / "nvml_replay"
 BROKEN_ALLREDUCE = REPO / "tests" / "fixtures" / "broken_allreduce"
@@ -119,7 +121,7 @@ def test_a_gpu_lost_at_pre_flight_takes_the_node_out(tmp_path):
     proc = _healthcheck(tmp_path, "--pci-devices", SYSFS, NVML_REPLAY=str(tmp_path / "recording.json"),
                         PYTHONPATH=f"{REPLAY}:{REPO}")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
+    assert proc.returncode == TAKEN_OUT, out[-4000:]
     assert "# stackproof act: n2: drain: stackproof: GPU reachable GPU 0" in out, out[-4000:]
     assert "Traceback" not in out
 
@@ -143,7 +145,7 @@ def test_stackproofs_own_error_on_one_rank_never_drains(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert "rank(s) [1]: KeyError: 'dtype'" in out, out[-4000:]
     assert "n2: alert: stackproof: collectives::all_reduce[sum-float32]" in out, out[-4000:]
-    record = json.loads((tmp_path / "reports" / "report.json").read_text())
+    record = json.loads((folders.current(tmp_path / "reports") / "report.json").read_text())  # its run's folder
     (check,) = record["checks"]
     assert {f["category"] for f in check["findings"]} == {"tool-error"}
     assert any("KeyError" in f["found"] and "(at own_bug.py:" in f["found"] for f in check["findings"])
@@ -164,7 +166,7 @@ def test_a_read_only_reports_folder_still_takes_a_faulty_node_out(tmp_path, read
     proc = _healthcheck(tmp_path, *ONE_RANK, reports=read_only,
                         PYTHONPATH=f"{BROKEN_ALLREDUCE}:{REPO}")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
+    assert proc.returncode == TAKEN_OUT, out[-4000:]
     assert "the reports folder could not be written (not writable by this user (0): Read-only file system): " \
            "this run's report is in" in out, out[-4000:]
     assert "n2: drain: stackproof: collectives::all_reduce[sum-float32]" in out
@@ -185,8 +187,8 @@ ONE_RANK = [*ALLREDUCE[:3], "1", *ALLREDUCE[4:]]
 def test_one_name_for_this_node_the_flag_wins_over_the_setting(tmp_path):
     proc = _healthcheck(tmp_path, *ONE_RANK, PYTHONPATH=f"{BROKEN_ALLREDUCE}:{REPO}", STACKPROOF_NODE_NAME="foo")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
-    assert "would be taken (--scheduler none) out of service (n2); exit 1" in out, out[-4000:]
+    assert proc.returncode == TAKEN_OUT, out[-4000:]
+    assert f"would be taken (--scheduler none) out of service (n2); exit {TAKEN_OUT}" in out, out[-4000:]
     assert "(foo)" not in out
 
 

@@ -11,10 +11,13 @@
 #   HealthCheckNodeState=IDLE,CYCLE     # only on idle nodes: the checks measure the GPUs
 #   Prolog=/opt/stackproof/scripts/slurm/healthcheck.sh    # or: before every job
 #
-# The scheduler's contract: exit 1 only when this node is taken out of service (drained now, or it would have
-# been with --scheduler none). Everything else exits 0 with the reason in the log: a pass, an alert, a drain the
-# circuit breaker withheld, bad input, the tool's own failure (no python, a full disk, a crash). In a Prolog,
-# 1 keeps the job off this node (a batch job is requeued elsewhere; SchedulerParameters=nohold_on_prolog_fail
+# The scheduler's contract: `stackproof healthcheck` exits TAKEN_OUT (86, stackproof/errors.py's Healthcheck: a
+# code no crash gives) only when this node is taken out of service (drained now, or it would have been with
+# --scheduler none); this script turns that, and only that, into 1 for slurmd. Everything else exits 0 with the
+# reason in the log: a pass, an alert, a drain the circuit breaker withheld, bad input, the tool's own failure
+# (no python, stackproof not importable, a missing dependency, a crash: a BROKEN line, and
+# stackproof_healthcheck_broken 1 in <reports>/stackproof-healthcheck.prom for node_exporter). In a Prolog, 1
+# keeps the job off this node (a batch job is requeued elsewhere; SchedulerParameters=nohold_on_prolog_fail
 # keeps it from being held).
 #
 # slurmd runs it as root, with no arguments and almost no environment (SLURMD_NODENAME; a Prolog also the
@@ -25,8 +28,10 @@
 # Settings: STACKPROOF_NODE_NAME      the node's Slurm name (default SLURMD_NODENAME, else `hostname -s`)
 #      STACKPROOF_PYTHON         interpreter with torch + stackproof (default python3)
 #      STACKPROOF_REPO           a checkout to put on PYTHONPATH (default: none; stackproof is installed)
-#      STACKPROOF_HEALTHCHECK_REPORTS  reports root (default /var/lib/stackproof/healthcheck); the run's
-#                                report, junit.xml, stackproof.prom and healthcheck.log land in <root>/<node>
+#      STACKPROOF_HEALTHCHECK_REPORTS  reports root (default /var/lib/stackproof/healthcheck); healthcheck.log
+#                                lands in <root>/<node>, each run's report, junit.xml and stackproof.prom in
+#                                <root>/<node>/runs/<started>-<pid> (links latest, last-acted; the newest 20
+#                                kept: --keep-runs); node_exporter's textfile collector reads <root>/<node>/latest
 #      STACKPROOF_HEALTHCHECK_RUN_TIMEOUT_S  validate --run-timeout (default 50: slurmd stops a
 #                                HealthCheckProgram after 60 s); a run stopped by it is exit 4, not acted on
 #      STACKPROOF_HEALTHCHECK_ARGS more flags for `stackproof healthcheck` (split on spaces), e.g.
@@ -52,8 +57,25 @@ args=(--scheduler slurm --node "$node" --tier fast --reports "$reports"
 # stackproof healthcheck forgets a job's rank variables itself (it is this node's launcher, not a rank).
 "$PYTHON" -m stackproof healthcheck "${args[@]}" "$@" 2>&1 | tee -a "$reports/healthcheck.log"
 rc="${PIPESTATUS[0]}"
-# 1: this node was taken out of service. Anything else (0, or 2 for flags argparse refused, 127 for no python,
-# a crash) is the tool's business, never the node's.
-if [ "$rc" = 1 ]; then out=1; else out=0; fi
+TAKEN_OUT=86  # stackproof/errors.py Healthcheck.TAKEN_OUT (tests/test_act_contract.py holds the two equal)
+if [ "$rc" = "$TAKEN_OUT" ]; then
+    out=1
+else
+    out=0
+    if [ "$rc" != 0 ]; then
+        # stackproof's own guard (python -m stackproof healthcheck) turns every failure it can see into 0: this
+        # is one it could not see (no python, stackproof not importable, a signal). Loud, counted, never a drain.
+        echo "stackproof healthcheck: BROKEN: $PYTHON -m stackproof healthcheck exited $rc before judging this" \
+             "node; it stays in service; fix: make '$PYTHON -m stackproof --version' work (STACKPROOF_PYTHON," \
+             "STACKPROOF_REPO)" | tee -a "$reports/healthcheck.log" >&2
+        metric=stackproof_healthcheck_broken  # act/contract.py's BROKEN_METRIC, in its BROKEN_FILE, beside
+        textfiles="$reports"                  # the newest run's stackproof.prom (run/folders.py's latest)
+        [ ! -L "$reports/latest" ] || textfiles="$(readlink -f "$reports/latest")"
+        printf '# HELP %s %s\n# TYPE %s gauge\n%s{reason="exit %s"} 1\n' "$metric" \
+            "1 when the last stackproof healthcheck on this node could not run: the node was not judged" \
+            "$metric" "$metric" "$rc" >"$textfiles/.stackproof-healthcheck.prom.$$" &&
+            mv -f "$textfiles/.stackproof-healthcheck.prom.$$" "$textfiles/stackproof-healthcheck.prom"
+    fi
+fi
 echo "# exit $out (stackproof healthcheck exited $rc)" >>"$reports/healthcheck.log" 2>/dev/null
 exit "$out"

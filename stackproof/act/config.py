@@ -7,7 +7,7 @@ import dataclasses
 
 from stackproof.act import deadline as budget
 from stackproof.act.breaker import limit_problem
-from stackproof.settings import Settings, at_least, node_name, option, positive, seconds
+from stackproof.settings import Settings, at_least, node_name, not_blank, option, positive, seconds
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
 # The whole healthcheck: slurmd kills a HealthCheckProgram at 60 s; 3 s are left for the interpreter's start and
@@ -45,6 +45,18 @@ class ActConfig(Settings):
     act_budget: float = option(12.0, "seconds of --deadline kept for acting (the breaker's count, the drain): each "
                                      "call at most --act-timeout and at most what is left of --deadline",
                                metavar="S", check=positive)
+    breaker_lock: str | None = option(None, "Slurm: a file on storage every node of the pool shares (NFS with its "
+                                            "lock service, Lustre, GPFS): the nodes take turns counting the "
+                                            "drained nodes and draining themselves (flock, waited for at most "
+                                            "--act-timeout), so many at once still drain at most --max-drained; "
+                                            "without it the re-count after draining still resumes a node past "
+                                            "the cap", metavar="FILE", check=not_blank)
+    breaker_configmap: str = option("stackproof/stackproof-breaker",
+                                    "Kubernetes: the ConfigMap (NAMESPACE/NAME) where a node claims its taint, "
+                                    "replaced only at the resourceVersion it read (compare-and-swap), so many "
+                                    "nodes at once still taint at most --max-drained",
+                                    metavar="NAMESPACE/NAME", check=lambda v: None if v.count("/") == 1 and all(
+                                        v.split("/")) else f"expected NAMESPACE/NAME, found {v!r}")
 
     skip_busy_gpus: bool = option(False, "check only the GPUs no process is using (NVML), saying which are "
                                          "skipped and expecting that many fewer; every GPU busy: check nothing, "

@@ -2,13 +2,18 @@
 service account in a pod, else the kubeconfig), every node of the run gets the label stackproof.io/verdict=pass
 or =fail; a failed node also gets its reason as an annotation, and a node to drain the taint
 stackproof.io/unhealthy=true:NoSchedule. A passing run never lifts the taint: the person who repaired the node
-does (`kubectl taint node N stackproof.io/unhealthy-`), as `scontrol update state=resume` does on Slurm."""
+does (`kubectl taint node N stackproof.io/unhealthy-`), as `scontrol update state=resume` does on Slurm.
+
+A run that acted on nothing (it did not complete, bad input, a stale report) labels the node
+stackproof.io/verdict=incomplete, so no earlier `pass` stays on it. Before a taint the node claims its place in a
+ConfigMap (--breaker-configmap), replaced only at the resourceVersion it read: two nodes tainting at once
+cannot both pass the cap (breaker.claim decides, the API server orders)."""
 
 from __future__ import annotations
 
 import json
 
-from stackproof.act.breaker import Fleet
+from stackproof.act.breaker import CLAIMS_KEY, Fleet
 from stackproof.act.decide import NodeAction
 
 DOMAIN = "stackproof.io"
@@ -21,6 +26,11 @@ POOL_LABEL = ("nvidia.com/gpu.present", "true")
 FIX = ("give kubectl a context that may list, get and patch nodes (in a pod: the ServiceAccount of "
        "scripts/kubernetes/daemonset.yaml), and the node's Kubernetes name (--node, spec.nodeName)")
 FLEET = ["kubectl", "get", "nodes", "-o", "json"]
+INCOMPLETE = "incomplete"  # the verdict label of a run that acted on nothing
+# kubectl's words for a lost compare-and-swap (`Error from server (Conflict)`: another node replaced the ConfigMap
+# after we read it; `(AlreadyExists)`: another created it first) and for a ConfigMap not there yet.
+LOST_RACE = ("(Conflict)", "(AlreadyExists)")
+ABSENT = "(NotFound)"
 
 
 def commands(action: NodeAction, target: list[str] | None = None) -> list[list[str]]:
@@ -73,3 +83,41 @@ def _nodes(nodes_json: str) -> list[dict]:
                 or not all(isinstance(t, dict) for t in (spec or {}).get("taints") or [])):
             raise odd(f"items[{i}] that is not a Node of that shape ({str(item)[:60]!r})")
     return items
+
+
+def incomplete_commands(node: str, why: str, target: list[str] | None = None) -> list[list[str]]:
+    """A run that acted on nothing: the node's verdict label says so (an old `pass` would lie), with why."""
+    where = target or ["node", node]
+    return [["kubectl", "label", *where, f"{VERDICT_LABEL}={INCOMPLETE}", "--overwrite"],
+            ["kubectl", "annotate", *where, f"{CHECK_ANNOTATION}={why}", "--overwrite"]]
+
+
+def _where(configmap: str) -> tuple[str, str]:
+    namespace, _, name = configmap.partition("/")
+    return namespace, name
+
+
+def claim_read(configmap: str) -> list[str]:
+    namespace, name = _where(configmap)
+    return ["kubectl", "get", "configmap", name, "--namespace", namespace, "-o", "json"]
+
+
+def claims_of(configmap_json: str | None) -> tuple[str, dict | None]:
+    """`claim_read`'s output (None: not found) -> (the claims' JSON text, the object to replace)."""
+    if configmap_json is None:
+        return "{}", None
+    obj = json.loads(configmap_json)
+    return (obj.get("data") or {}).get(CLAIMS_KEY, "{}"), obj
+
+
+def claim_write(configmap: str, current: dict | None, data: dict[str, str]) -> tuple[list[str], str]:
+    """The argv and stdin that write the claims: `replace` at the resourceVersion read (the API server refuses it
+    with Conflict when another node wrote in between), or `create` when there was no ConfigMap (AlreadyExists
+    when another node created it first). Either refusal: read again and decide again."""
+    namespace, name = _where(configmap)
+    metadata: dict = {"name": name, "namespace": namespace}
+    if current is not None:
+        metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
+    body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
+    verb = "replace" if current is not None else "create"
+    return ["kubectl", verb, "-f", "-", "-o", "name"], body

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import shlex
 import sys
 import tempfile
@@ -14,12 +15,13 @@ from pathlib import Path
 from typing import IO
 
 from stackproof.act import breaker, deadline, decide, hardware, kubernetes, policy, slurm, tool
+from stackproof.act import lock as breaker_lock
 from stackproof.act.config import ActConfig
-from stackproof.errors import ConfigError, Exit
+from stackproof.errors import ConfigError, Exit, Healthcheck
 from stackproof.measure.identity import node_name
 from stackproof.measure.topology import NvmlUnavailable, nvidia_gpus_on_bus
 from stackproof.report.record import Report
-from stackproof.run import settle
+from stackproof.run import folders, settle
 from stackproof.run.config import ValidateConfig
 from stackproof.tools import run_tool
 
@@ -31,62 +33,167 @@ RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
 RANK_PREFIXES = ("TORCHELASTIC_",)
 # A launch that chose the GPUs (run/visibility.py reads these): healthcheck then expects what it was given.
 GPU_REQUESTS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_GPUS_ON_NODE")
-# healthcheck's exit codes: the scheduler's contract (docs/act.md). Non-zero only for a node to take out of service.
-STAYS, TAKEN_OUT = 0, 1
+# healthcheck's exit codes: the scheduler's contract (errors.Healthcheck, docs/act.md).
+STAYS, TAKEN_OUT = Healthcheck.STAYS, Healthcheck.TAKEN_OUT
+# Slurm's re-count after draining waits this long, so that slurmctld's stamp of the drain (whole seconds) is over.
+RECOUNT_SETTLE_S = 2.0
+CLAIM_ATTEMPTS = 8  # Kubernetes: compare-and-swap tries before the drain is withheld
 
 
 def _say(out: IO[str]):
     return lambda text: print(f"# stackproof act: {text}", file=out, flush=True)
 
 
-def act(decision: decide.Decision, settings: ActConfig, out: IO[str],
-        clock: deadline.Deadline | None = None) -> tuple[decide.Decision, list[str]]:
+def act(decision: decide.Decision, settings: ActConfig, out: IO[str], clock: deadline.Deadline | None = None,
+        evidence: Path | None = None) -> tuple[decide.Decision, list[str]]:
     """Perform the decision through settings.scheduler's tool, saying each step on `out` ('#' lines): first the
     circuit breaker (drains the fleet cannot take are withheld), then every node's commands; a node whose
-    command fails is said and the next node is still acted on. (the decision as done, the failures)."""
+    command fails is said and the next node is still acted on. A run that acted on nothing labels the node
+    (Kubernetes: verdict=incomplete). `evidence`: the reports root of a --keep-runs run (its `last-acted` link
+    is moved to the run when a drain was done or withheld). (the decision as done, the failures)."""
     scheduler = SCHEDULERS.get(settings.scheduler or "")
     say = _say(out)
     if clock is not None:  # healthcheck: every scheduler call within what is left of its --deadline
         settings = dataclasses.replace(settings, act_timeout=max(0.1, clock.call_timeout(settings.act_timeout)))
+    failures: list[str] = []
+    lock = Path(settings.breaker_lock) if scheduler is slurm and decision.drains and settings.breaker_lock else None
+    try:
+        with breaker_lock.held(lock, settings.act_timeout) as waited:
+            if lock is not None:
+                say(f"circuit breaker: holding {lock} (waited {waited:.1f} s): one node at a time counts and drains")
+            decision = _act_within_breaker(decision, settings, scheduler, say, failures)
+    except tool.ActError as err:  # the lock could not be had: nothing was counted, so nothing is drained
+        decision = decision.hold_drains(f"the circuit breaker's lock was not had, so --max-drained cannot be "
+                                        f"kept ({err})")
+        decision = _act_within_breaker(decision, settings, scheduler, say, failures)
+    if failures:
+        say(f"{len(failures)} node action(s) failed: {'; '.join(f.split(':')[0] for f in failures)}")
+    if evidence is not None and (decision.drains or any(a.held for a in decision.actions)):
+        run = folders.current(evidence)
+        folders.link(evidence, folders.LAST_ACTED, run)
+        say(f"evidence: {evidence / folders.LAST_ACTED} -> {run}")
+    return decision, failures
+
+
+def _act_within_breaker(decision: decide.Decision, settings: ActConfig, scheduler, say,
+                        failures: list[str]) -> decide.Decision:
     if decision.drains and scheduler:
         decision = _circuit_breaker(decision, settings, scheduler, say)
     elif decision.drains:  # --scheduler none: no fleet to count, but the cap still holds for this run's nodes
         nodes = frozenset(a.node for a in decision.actions)
         decision = breaker.hold(decision, breaker.Fleet(nodes, frozenset()), settings.max_drained)
     say(decision.summary())
-    failures = []
+    if scheduler is kubernetes and not decision.actions and settings.node:
+        # Acted on nothing (the run did not complete, bad input, a stale report): an old `pass` must not stay.
+        _run_commands(settings.node, kubernetes.incomplete_commands(
+            settings.node, decide.fit(f"{decide.PREFIX} not judged: {decision.withheld}")), settings, say, failures)
     for action in decision.actions:
         if action.failed:
             say(action.words())
         if action.action == policy.ALERT:
             print(f"stackproof ALERT: {action.words()}", file=sys.stderr, flush=True)
-        for argv in scheduler.commands(action) if scheduler else []:
-            say(f"run: {shlex.join(argv)}")
-            try:
-                run_tool(f"act on {action.node}", argv, timeout_s=settings.act_timeout, error=tool.ActError,
-                         fix=f"{scheduler.FIX} (or raise --act-timeout)")
-            except tool.ActError as err:
-                failures.append(str(err))
-                say(f"FAILED: {err}")
-                break  # this node's later commands build on this one; the next node is tried
-    if failures:
-        say(f"{len(failures)} node action(s) failed: {'; '.join(f.split(':')[0] for f in failures)}")
-    return decision, failures
+        _run_commands(action.node, scheduler.commands(action) if scheduler else [], settings, say, failures)
+    if scheduler is slurm and decision.drains:
+        decision = _recount(decision, settings, say, failures)
+    return decision
+
+
+def _run_commands(node: str, commands: list[list[str]], settings: ActConfig, say, failures: list[str]) -> bool:
+    """Run one node's commands in order; False (said, and added to `failures`) at the first that fails."""
+    scheduler = SCHEDULERS.get(settings.scheduler or "")
+    for argv in commands:
+        say(f"run: {shlex.join(argv)}")
+        try:
+            run_tool(f"act on {node}", argv, timeout_s=settings.act_timeout, error=tool.ActError,
+                     fix=f"{scheduler.FIX if scheduler else ''} (or raise --act-timeout)")
+        except tool.ActError as err:
+            failures.append(str(err))
+            say(f"FAILED: {err}")
+            return False  # this node's later commands build on this one; the next node is tried
+    return True
+
+
+def _count(settings: ActConfig, scheduler, targets: set[str]) -> breaker.Fleet:
+    out = run_tool("count the nodes stackproof has drained", scheduler.FLEET, timeout_s=settings.act_timeout,
+                   error=tool.ActError, fix=f"{scheduler.FIX} (or raise --act-timeout)")
+    return scheduler.fleet(out, targets)
 
 
 def _circuit_breaker(decision: decide.Decision, settings: ActConfig, scheduler, say) -> decide.Decision:
     targets = {a.node for a in decision.drains}
     try:
-        out = run_tool("count the nodes stackproof has drained", scheduler.FLEET, timeout_s=settings.act_timeout,
-                       error=tool.ActError, fix=f"{scheduler.FIX} (or raise --act-timeout)")
-        fleet = scheduler.fleet(out, targets)
+        fleet = _count(settings, scheduler, targets)
     except (tool.ActError, ValueError, KeyError, TypeError, AttributeError) as err:
         return decision.hold_drains(f"could not count the nodes already out of service, so --max-drained "
                                     f"cannot be kept ({err})")
     say(f"circuit breaker: {len(fleet.drained)} of {len(fleet.pool)} nodes out of service by stackproof"
         f"{' (' + ', '.join(sorted(fleet.drained)) + ')' if fleet.drained else ''}; --max-drained "
         f"{settings.max_drained} allows {breaker.limit(settings.max_drained, len(fleet.pool))}")
-    return breaker.hold(decision, fleet, settings.max_drained)
+    decision = breaker.hold(decision, fleet, settings.max_drained)
+    if scheduler is kubernetes:
+        for action in decision.drains:
+            granted, why = _claim(action.node, fleet, settings, say)
+            if not granted:
+                decision = decision.hold_drains(why, {action.node})
+    return decision
+
+
+def _claim(node: str, fleet: breaker.Fleet, settings: ActConfig, say) -> tuple[bool, str]:
+    """Kubernetes: claim the taint in the breaker's ConfigMap, compare-and-swap on its resourceVersion; a lost
+    race reads again (the taints too: the winner may have tainted by now). (granted, why not)."""
+    configmap = settings.breaker_configmap
+    for attempt in range(CLAIM_ATTEMPTS):
+        try:
+            if attempt:
+                fleet = _count(settings, kubernetes, {node})
+            try:
+                read = run_tool("read the breaker's claims", kubernetes.claim_read(configmap),
+                                timeout_s=settings.act_timeout, error=tool.ActError, fix=kubernetes.FIX)
+            except tool.ActError as err:
+                if kubernetes.ABSENT not in str(err):
+                    raise
+                read = None
+            claims, current = kubernetes.claims_of(read)
+            decided = breaker.claim(claims, fleet, node, settings.max_drained, time.time())
+            if not decided.granted or decided.data is None:
+                return decided.granted, decided.words
+            argv, body = kubernetes.claim_write(configmap, current, decided.data)
+            try:
+                run_tool("claim the taint", argv, timeout_s=settings.act_timeout, error=tool.ActError,
+                         fix=kubernetes.FIX, input=body)
+            except tool.ActError as err:
+                if any(words in str(err) for words in kubernetes.LOST_RACE):
+                    say(f"circuit breaker: {configmap} changed since it was read; reading it again")
+                    time.sleep(random.uniform(0.05, 0.5))
+                    continue
+                raise
+            say(f"circuit breaker: {node} {decided.words} in {configmap}")
+            return True, ""
+        except (tool.ActError, ValueError, KeyError, TypeError) as err:
+            return False, f"could not claim the taint in {configmap}, so --max-drained cannot be kept ({err})"
+    return False, f"{CLAIM_ATTEMPTS} tries to claim the taint in {configmap} lost to other nodes"
+
+
+def _recount(decision: decide.Decision, settings: ActConfig, say, failures: list[str]) -> decide.Decision:
+    """Slurm, after draining: count again once slurmctld's stamp of these drains is a second old (so every drain
+    stamped with or before them is seen), in slurmctld's order; a drain past --max-drained is undone."""
+    time.sleep(RECOUNT_SETTLE_S)
+    drained = {a.node for a in decision.drains}
+    try:
+        fleet = _count(settings, slurm, drained)
+    except (tool.ActError, ValueError) as err:
+        say(f"circuit breaker: the re-count after draining failed ({err}); the drain stands")
+        return decision
+    past = sorted(n for n in drained if n in fleet.drained and not breaker.keeps(fleet, n, settings.max_drained))
+    if not past:
+        say(f"circuit breaker: re-count: {len(fleet.drained)} of {len(fleet.pool)} out of service; within "
+            f"--max-drained {settings.max_drained}")
+        return decision
+    why = (f"the re-count after draining found {len(fleet.drained)} of {len(fleet.pool)} nodes out of service, "
+           f"{', '.join(past)} past --max-drained {settings.max_drained} in the order slurmctld took the drains "
+           "(many nodes failing at once: more likely the image, the settings or the site); resumed")
+    undone = {n for n in past if _run_commands(n, [slurm.resume(n)], settings, say, failures)}
+    return decision.hold_drains(why, undone) if undone else decision
 
 
 def act_on_reports(reports_dir: Path, settings: ActConfig, out: IO[str]) -> int:
@@ -162,8 +269,8 @@ def plan(validate_settings: ValidateConfig, settings: ActConfig, env: dict[str, 
 
 
 def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[str]) -> int:
-    """Validate this node, then act on what the run found. The scheduler's contract: exit 1 only when this node
-    is taken out of service (drained / tainted, or would be with --scheduler none); every other outcome (a pass,
+    """Validate this node, then act on what the run found. The scheduler's contract: exit TAKEN_OUT only when this
+    node is taken out of service (drained / tainted, or would be with --scheduler none); every other outcome (a pass,
     an alert, a withheld drain, a tool error, bad input) exits 0 with the reason on `out`."""
     from stackproof.run.launcher import launch
 
@@ -191,7 +298,8 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
         return bad_input(err, out)
     outcome = f"validate exit {int(record.exit_code)} ({record.exit_code.meaning})"
     decision = decide.decide(record, not_before=started, max_nodes=settings.max_nodes, node=the_plan.node)
-    done, _failures = act(decision, settings, out, clock)
+    kept = run_settings.reports_dir if run_settings.keep_runs else None  # its last-acted link (run/folders.py)
+    done, _failures = act(decision, settings, out, clock, evidence=kept)
     return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)
 
 

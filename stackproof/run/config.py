@@ -153,6 +153,10 @@ class ValidateConfig(Settings):
                                    metavar="REF", check=not_blank, env="STACKPROOF_IMAGE_REF")
     reports: str = option("reports", "where report.json, junit.xml and rank logs go; one run at a time per folder",
                           metavar="DIR", env=REPORTS_ENV, check=folder_problem)
+    keep_runs: int = option(0, "keep each run in its own folder under --reports (runs/<started>-<pid>, the link "
+                               "latest to the newest, last-acted to the one healthcheck last acted on), the newest "
+                               "N and the one last acted on; 0: the run writes into --reports itself (one node "
+                               "only: a multi-node run's folder is the job's)", metavar="N", check=at_least(0))
     min_shm: int = option(1 << 30, "bytes /dev/shm must hold, for NCCL's shared-memory transport and DataLoader "
                                    "workers", metavar="SIZE", parse=parse_bytes, check=positive,
                           env="STACKPROOF_MIN_SHM_BYTES")
@@ -220,6 +224,9 @@ class ValidateConfig(Settings):
         if self.nnodes > 1 and not self.rdzv_endpoint and (self.node_rank is None or not self.master_addr):
             problems.append(f"--nnodes {self.nnodes}: expected --rdzv-endpoint HOST:PORT (c10d) or --node-rank and "
                             "--master-addr (static), found neither")
+        if self.keep_runs and self.nnodes > 1:
+            problems.append(f"--keep-runs {self.keep_runs}: expected one node, found --nnodes {self.nnodes}; fix: "
+                            "give a multi-node run a folder of its own (e.g. reports/slurm-<jobid>), --keep-runs 0")
         if self.node_rank is not None and self.node_rank >= self.nnodes:
             problems.append(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
         self.refuse(problems, "stackproof validate --help")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -71,13 +72,15 @@ def launch(settings: ValidateConfig) -> Report:
     inventory = topology.survey(settings.pci_devices)  # NVML only: no CUDA context, no torch
     chosen = settings.visible_devices or topology.cuda_visible_devices()
     visible = (len(topology.visible(inventory, chosen)) if inventory is not None else gpus_without_nvml())
-    stopped = hardware_verdict(settings, inventory, visible, sys.stdout)
-    if stopped is not None:
-        return stopped
     nproc = visible or settings.nproc  # one rank per visible GPU
     settings.check_world(nproc * settings.nnodes)
-    held = settle.prepare(settings.reports_dir, settings.nnodes)  # the folder is this run's until it is settled
+    held = settle.prepare(settings.reports_dir, settings.nnodes, settings.keep_runs)  # this run's until settled
+    if held.folder != settings.reports_dir:  # --keep-runs: the run writes in its own folder (run/folders.py)
+        settings = dataclasses.replace(settings, reports=str(held.folder), keep_runs=0)
     try:
+        stopped = hardware_verdict(settings, inventory, visible, sys.stdout)  # exit 3's record: in the run's folder
+        if stopped is not None:
+            return stopped
         print(f"# stackproof validate: {nproc} rank(s) on this node "
               f"({'NCCL, one per GPU' if visible else 'gloo, CPU'}) of {settings.nnodes} node(s), tier "
               f"{settings.tier}; reports: {settings.reports}", flush=True)

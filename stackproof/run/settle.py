@@ -18,6 +18,7 @@ from typing import IO, Any
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge.findings import Finding
 from stackproof.report.record import REPORT_FILE, UNREADABLE_FILE, Report, ReportUnreadable, stale_outputs
+from stackproof.run import folders
 
 STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGKILL)
 # A run's rank logs, NCCL's log and the report take a few MiB; less free space than this fails mid-run.
@@ -31,6 +32,7 @@ class Claim:
 
     def __init__(self, path: Path, fd: int):
         self.path, self._fd = path, fd
+        self.folder = path.parent  # where the run writes (its own folder under --reports with --keep-runs)
 
     def release(self) -> None:
         if self._fd >= 0:
@@ -92,17 +94,27 @@ def unwritable(reports_dir: Path) -> str | None:
     return None
 
 
-def prepare(reports_dir: Path, nnodes: int = 1) -> Claim:
+def prepare(reports_dir: Path, nnodes: int = 1, keep_runs: int = 0) -> Claim:
     """Before a run: the folder exists, is writable, has room, is this run's alone (hold the Claim until the
-    verdict is settled), and no verdict of an earlier run is left in it."""
+    verdict is settled), and no verdict of an earlier run is left in it. keep_runs > 0: the run's folder is a new
+    one under reports_dir (run/folders.py; Claim.folder), and runs past the newest keep_runs are removed."""
     problem = unwritable(reports_dir)
     if problem:
         raise ConfigError(f"--reports {reports_dir}: expected a folder this user can write with room for the "
                           f"run, found it {problem}; fix: pass a writable --reports DIR on a disk with room")
+    root = reports_dir
+    if keep_runs:
+        try:
+            reports_dir = folders.new_run(root)
+        except OSError as err:
+            raise ConfigError(f"--reports {root}: expected to make this run's folder under {folders.RUNS}/, found "
+                              f"{err.strerror or err}; fix: pass a writable --reports DIR") from None
     held = claim(reports_dir, nnodes)
     try:
         for name in stale_outputs():
             (reports_dir / name).unlink(missing_ok=True)
+        if keep_runs:
+            folders.prune(root, keep_runs, LOCK_FILE)
     except OSError as err:
         held.release()
         raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "

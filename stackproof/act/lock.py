@@ -1,0 +1,57 @@
+"""The circuit breaker's lock on Slurm: one node at a time counts the drained nodes and drains itself. An flock
+on a file every node of the pool sees (--breaker-lock: NFS with its lock service, Lustre, GPFS, CephFS), waited
+for at most a timeout. The kernel (or the NFS lock service) drops it when the process ends, however it ends."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import os
+import random
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from stackproof.act.tool import ActError
+
+
+@contextlib.contextmanager
+def held(path: Path | None, timeout_s: float) -> Iterator[float]:
+    """Hold the lock at `path` for the block (nothing to hold when None); yields the seconds waited. ActError
+    when it cannot be opened or locked, or another node holds it past `timeout_s` (the error names the holder)."""
+    if path is None:
+        yield 0.0
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+    except OSError as err:
+        raise ActError(f"--breaker-lock {path}: expected a file every node can open on shared storage, found "
+                       f"{err.strerror or err}; fix: point it at a writable path on the cluster's shared "
+                       "filesystem") from None
+    start = time.monotonic()
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - start > timeout_s:
+                    holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a node that did not say"
+                    raise ActError(f"--breaker-lock {path}: expected the lock within {timeout_s:g} s, found it held "
+                                   f"by {holder}; fix: raise --act-timeout, or look for a hung healthcheck "
+                                   "there") from None
+                time.sleep(random.uniform(0.02, 0.1))  # spread the nodes' retries
+            except OSError as err:
+                raise ActError(f"--breaker-lock {path}: expected a file that can be locked, found flock failing: "
+                               f"{err.strerror or err}; fix: a filesystem with locks (NFS with its lock "
+                               "service)") from None
+        waited = time.monotonic() - start
+        with contextlib.suppress(OSError):  # who holds it, for the node that times out (best effort)
+            now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}\n".encode(), 0)
+        yield waited
+    finally:
+        os.close(fd)
