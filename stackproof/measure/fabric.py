@@ -82,13 +82,16 @@ def parse_rate(text: str | None) -> float | None:
     return float(match.group(1)) if match else None
 
 
+_PCI_NAME = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
 def _pci_of(device_dir: Path) -> str | None:
-    """The PCI function a class device hangs off: the name its `device` link points to (0000:17:00.0)."""
+    """The PCI function a class device hangs off (0000:17:00.0): the last PCI name on the path its `device` link
+    resolves to (a virtio NIC's link ends in virtio2, below its PCI function). None: no PCI function found."""
     link = device_dir / "device"
     if not link.exists():
         return None
-    name = Path(os.path.realpath(link)).name
-    return name if re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", name) else None
+    return next((part for part in reversed(Path(os.path.realpath(link)).parts) if _PCI_NAME.match(part)), None)
 
 
 def _int(text: str | None) -> int | None:
@@ -121,9 +124,9 @@ def read_ethernet(root: Path) -> list[EthernetNic]:
     nics = []
     base = root / "class" / "net"
     for nic in sorted(base.iterdir()) if base.is_dir() else []:
-        pci = _pci_of(nic)
-        if pci is None:  # virtual: lo, veth, bridges, tunnels
+        if not (nic / "device").exists():  # virtual: lo, veth, bridges, tunnels
             continue
+        pci = _pci_of(nic)
         speed = _int(_read(nic / "speed"))
         nics.append(EthernetNic(nic.name, _read(nic / "operstate") or "unknown",
                                 speed if speed is not None and speed > 0 else None, pci))
