@@ -117,27 +117,29 @@ def test_an_unreadable_port_file_is_said(tree):
 
 def test_socket_fallback_with_ib_up_is_a_configuration_finding_with_the_fix():
     fabrics = {"gpu-a": facts(FIXTURE), "gpu-b": facts(FIXTURE)}
-    (finding,) = rules.transport_findings(["NET/Socket/0", "P2P/CUMEM"], 2, fabrics)
+    (finding,) = rules.transport_findings(["NET/Socket/0", "P2P/CUMEM"], 2, fabrics, "gpu-a")
     assert finding.check == "fabric NCCL transport across nodes" and finding.found == "NET/Socket/0"
     assert "gpu-a: mlx5_0/1 InfiniBand 200 Gb/s" in finding.expected
     assert finding.category == "configuration"
     assert all(word in finding.action for word in ("rdma-core", "NCCL_IB_HCA", "device plugin"))
-    assert rules.transport_findings(["NET/IB/0/GDRDMA"], 2, fabrics) == []
-    assert rules.transport_findings(["NET/Socket/0"], 1, fabrics) == []  # one node: NET is not used
-    assert rules.transport_findings(["NET/Socket/0"], 2, fabrics, emulated=True) == []
+    assert rules.transport_findings(["NET/IB/0/GDRDMA"], 2, fabrics, "gpu-a") == []
+    assert rules.transport_findings(["NET/Socket/0"], 1, fabrics, "gpu-a") == []  # one node: NET is not used
+    assert rules.transport_findings(["NET/Socket/0"], 2, fabrics, "gpu-a", emulated=True) == []
     no_ib = {n: {**f, "ports": []} for n, f in fabrics.items()}
-    assert rules.transport_findings(["NET/Socket/0"], 2, no_ib) == []  # sockets are all there is
+    assert rules.transport_findings(["NET/Socket/0"], 2, no_ib, "gpu-a") == []  # sockets are all there is
+    one_without = {**fabrics, "gpu-b": no_ib["gpu-b"]}  # gpu-b forces sockets: the fabric check names gpu-b
+    assert rules.transport_findings(["NET/Socket/0"], 2, one_without, "gpu-a") == []
 
 
 def test_gpudirect_rdma_is_expected_where_peermem_is_loaded_and_the_nic_is_close():
     fabrics = {"gpu-a": facts(FIXTURE), "gpu-b": facts(FIXTURE)}
     close = fabric.gpu_nic_paths(FIXTURE, [GPU], ["0000:04:00.0"])
     far = fabric.gpu_nic_paths(FIXTURE, [GPU], ["0000:81:00.0"])
-    (finding,) = rules.transport_findings(["NET/IB/0"], 2, fabrics, close)
+    (finding,) = rules.transport_findings(["NET/IB/0"], 2, fabrics, "gpu-a", close)
     assert finding.check == "fabric GPUDirect RDMA" and "ACS" in finding.action
-    assert rules.transport_findings(["NET/IB/0"], 2, fabrics, far) == []  # across sockets: NCCL rightly avoids it
+    assert rules.transport_findings(["NET/IB/0"], 2, fabrics, "gpu-a", far) == []  # across sockets: rightly not
     unloaded = {n: {**f, "peermem": False} for n, f in fabrics.items()}
-    assert rules.transport_findings(["NET/IB/0"], 2, unloaded, close) == []
+    assert rules.transport_findings(["NET/IB/0"], 2, unloaded, "gpu-a", close) == []
 
 
 # --- bars from the line rate --------------------------------------------------------------------------------------

@@ -119,29 +119,30 @@ def port_findings(fabric: Mapping[str, Any], expect: Mapping[str, Any], max_link
 # --- the transport across nodes ----------------------------------------------------------------------------------
 
 def transport_findings(transports: Sequence[str], num_nodes: int, fabrics: Mapping[str, Mapping[str, Any]],
-                       gpu_nic_paths: Mapping[str, Mapping[str, str]] | None = None,
+                       node: str, gpu_nic_paths: Mapping[str, Mapping[str, str]] | None = None,
                        emulated: bool = False) -> list[Finding]:
-    """Across nodes: NCCL on TCP sockets while RDMA ports are up is a configuration fault (the fix: rdma-core in
-    the image, the RDMA devices in the container, NCCL_IB_HCA); NCCL on RDMA without GPUDirect where
-    nvidia_peermem is loaded and a GPU shares a PCIe switch with a NIC (PIX/PXB) is one too. Emulated nodes (one
-    machine, NCCL_HOSTID per node: docs/launchers.md) use sockets by design: nothing to judge there."""
+    """One rank's NCCL transports (`transports`, on `node`) across nodes: TCP sockets while every node of the job
+    has RDMA ports up is a configuration fault (the fix: rdma-core in the image, the RDMA devices in the container,
+    NCCL_IB_HCA); RDMA without GPUDirect where nvidia_peermem is loaded on the node and its GPU shares a PCIe switch
+    with a NIC (PIX/PXB in `gpu_nic_paths`) is one too. (A node without RDMA ports up forces sockets on its peers:
+    the fabric check names that node.) Emulated nodes (one machine, NCCL_HOSTID per node: docs/launchers.md) use
+    sockets by design: nothing to judge there."""
     if num_nodes < 2 or emulated:
         return []
-    net = [t for t in transports if t.startswith("NET/")]
+    net = sorted({t for t in transports if t.startswith("NET/")})
     found = []
-    with_rdma = {node: up_ports(f) for node, f in fabrics.items() if up_ports(f)}
-    if any(t.startswith("NET/Socket") for t in net) and with_rdma:
-        said = "; ".join(f"{node}: " + ", ".join(f"{p['device']}/{p['port']} {p['link_layer']} "
+    with_rdma = {name: up_ports(f) for name, f in fabrics.items() if up_ports(f)}
+    if any(t.startswith("NET/Socket") for t in net) and with_rdma and len(with_rdma) == len(fabrics):
+        said = "; ".join(f"{name}: " + ", ".join(f"{p['device']}/{p['port']} {p['link_layer']} "
                                                  f"{p.get('rate_gbps') or 0:g} Gb/s" for p in ports)
-                         for node, ports in sorted(with_rdma.items()))
-        found.append(_finding("NCCL transport across nodes", f"NET/IB (RDMA ports up: {said})",
-                              ", ".join(sorted(net)), "configuration", "triage", TRANSPORT_FIX))
+                         for name, ports in sorted(with_rdma.items()))
+        found.append(_finding("NCCL transport across nodes", f"NET/IB (RDMA ports up on every node: {said})",
+                              ", ".join(net), "configuration", "triage", TRANSPORT_FIX))
     rdma = [t for t in net if t.startswith("NET/IB")]
     close = any(kind in ("PIX", "PXB") for paths in (gpu_nic_paths or {}).values() for kind in paths.values())
-    peermem = all(f.get("peermem") for f in fabrics.values()) and bool(fabrics)
-    if rdma and peermem and close and not any("GDRDMA" in t for t in rdma):
+    if rdma and (fabrics.get(node) or {}).get("peermem") and close and not any("GDRDMA" in t for t in rdma):
         found.append(_finding("GPUDirect RDMA", "NET/IB/.../GDRDMA (nvidia_peermem loaded, GPU and NIC on one "
-                              "PCIe switch)", ", ".join(sorted(rdma)), "configuration", "triage", GDR_FIX))
+                              "PCIe switch)", ", ".join(rdma), "configuration", "triage", GDR_FIX))
     return found
 
 

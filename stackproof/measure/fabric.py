@@ -16,6 +16,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from stackproof.measure.topology import sysfs_name
+
 SYSFS = "/sys"
 GBIT = 1e9 / 8  # bytes per second in one Gb/s
 
@@ -142,17 +144,11 @@ def read(root: str | Path = SYSFS) -> Fabric:
 
 # --- where a NIC sits relative to a GPU -------------------------------------------------------------------------
 
-def bus_id(nvml_bus_id: str) -> str:
-    """NVML's '00000000:17:00.0' -> sysfs's '0000:17:00.0'."""
-    domain, _, rest = nvml_bus_id.lower().partition(":")
-    return f"{domain[-4:]}:{rest}"
-
-
 def pci_chain(root: str | Path, pci_bus_id: str) -> list[str]:
     """The PCI functions from the root complex down to this one (bridges, then the function), from the path sysfs
     resolves /sys/bus/pci/devices/<id> to: /sys/devices/pci0000:00/0000:00:01.0/0000:17:00.0 ->
     ['pci0000:00', '0000:00:01.0', '0000:17:00.0']. Empty when the function is not there."""
-    link = Path(root) / "bus" / "pci" / "devices" / bus_id(pci_bus_id)
+    link = Path(root) / "bus" / "pci" / "devices" / sysfs_name(pci_bus_id)
     if not link.exists():
         return []
     parts = Path(os.path.realpath(link)).parts
