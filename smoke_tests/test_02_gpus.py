@@ -8,9 +8,9 @@ import torch
 
 from stackproof.act import policy
 from stackproof.act.decide import SCHEDULER_GPUS
-from stackproof.judge import hardware
+from stackproof.judge import hardware, sharing
 from stackproof.judge.findings import worst
-from stackproof.measure import topology
+from stackproof.measure import identity, topology
 from stackproof.run.visibility import FROM_THE_BUS, expected_gpus, missing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fast]
@@ -96,3 +96,19 @@ def test_every_gpu_computes(dist_env, report):
                            f"CPU in {wrong} of {want.numel()} elements")
     report.figure("devices_checked", len(devices))
 
+
+
+def test_one_rank_per_gpu(dist_env, settings, report):
+    """Two ranks on one GPU halve its figures and make stragglers of both: named here as the setup fault it is
+    (judge/sharing.py), unless the nodes are emulated on one machine on purpose (--emulated-nodes)."""
+    uuid = str(torch.cuda.get_device_properties(dist_env.device).uuid)
+    every = dist_env.agree({"uuid": uuid, "node": identity.node_name()}, "the ranks' GPUs", lambda values: values)
+    uuids, nodes = [v["uuid"] for v in every], [v["node"] for v in every]
+    shared = sharing.holders(uuids)
+    report.figure("shared_gpus", len(shared))
+    if shared and settings.emulated_nodes:
+        report.figure("emulated", "yes: per-GPU figures measured once per GPU, stragglers weighed by ranks per GPU")
+    report.classify("configuration", "triage")
+    found = sharing.findings(uuids, nodes, dist_env.rank, dist_env.device.index, settings.emulated_nodes)
+    report.found(*found)
+    assert not found, " | ".join(map(str, found))

@@ -11,7 +11,7 @@ import socket
 import pytest
 import torch
 
-from stackproof.judge import bars, hardware
+from stackproof.judge import bars, hardware, sharing
 from stackproof.judge import health as rules
 from stackproof.measure import gpu_proof, health, topology
 from stackproof.run import faults
@@ -65,6 +65,26 @@ def own(dist_env, settings):
     if failed:
         pytest.fail(f"rank(s) {failed} could not read their GPU through NVML (see their message)")
     return mine
+
+
+@pytest.fixture(scope="module")
+def first_on_gpu(own, dist_env):
+    """The rank that times this rank's GPU: itself, unless an earlier rank shares the GPU (judge/sharing.py):
+    two ranks timing one GPU at once would each see half of it."""
+    uuids = dist_env.agree(own[0].uuid, "the ranks' GPUs", lambda values: values)
+    return sharing.measured_by(uuids, dist_env.rank)
+
+
+def _measured_elsewhere(first_on_gpu, dist_env, report, bar: bars.Bar) -> bool:
+    """True on a rank whose GPU an earlier rank measured: it passes, or skips where that rank skips for want of a
+    bar (a skip must be unanimous, and the GPU was judged there), saying so in its figures; gpus::one_rank_per_gpu
+    says whether the sharing is a fault."""
+    if first_on_gpu == dist_env.rank:
+        return False
+    report.figure("measured_by_rank", first_on_gpu)
+    if bar.value is None:
+        pytest.skip(f"no bar ({bar.source}); this GPU was measured by rank {first_on_gpu}, which shares it")
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -151,12 +171,15 @@ def test_sdc_digest(own, dist_env, settings, report):
                              f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
-def test_hbm_bandwidth(own, dist_env, settings, report):
+def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("performance", "triage")
     bar = bars.hbm_bar(gpu, settings.hbm_fraction)
-    rate, error = _local(lambda: gpu_proof.device_copy_bytes_per_s(dist_env.device))
+    mine = first_on_gpu == dist_env.rank
+    rate, error = _local(lambda: gpu_proof.device_copy_bytes_per_s(dist_env.device)) if mine else (None, None)
     _every_gpu(report, dist_env, gpu, "hbm", rate, bar, 1e12, "TB/s")
+    if _measured_elsewhere(first_on_gpu, dist_env, report, bar):
+        return
     if error is not None:
         raise error
     if bar.value is None:
@@ -167,7 +190,7 @@ def test_hbm_bandwidth(own, dist_env, settings, report):
             f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
 
 
-def test_host_device_copies(own, dist_env, settings, report):
+def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
@@ -186,11 +209,13 @@ def test_host_device_copies(own, dist_env, settings, report):
     measured, error = None, None
     for turn in range(dist_env.local_world_size):
         dist_env.barrier(f"host-device copies, turn of local rank {turn}")
-        if turn == dist_env.local_rank:
+        if turn == dist_env.local_rank and first_on_gpu == dist_env.rank:
             measured, error = _local(copies)
     h2d, d2h, (gen, width) = measured or (None, None, (None, None))
     _every_gpu(report, dist_env, gpu, "h2d", h2d, bar, 1e9, "GB/s")
     _every_gpu(report, dist_env, gpu, "d2h", d2h, bar, 1e9, "GB/s")
+    if _measured_elsewhere(first_on_gpu, dist_env, report, bar):
+        return
     if error is not None:
         raise error
     expected_gen, expected_width = bars.pcie_expected(gpu)
@@ -210,7 +235,7 @@ def test_host_device_copies(own, dist_env, settings, report):
         pytest.skip(f"no bar for the copies ({h2d / 1e9:.1f} / {d2h / 1e9:.1f} GB/s measured): {bar.source}")
 
 
-def test_gemm_throughput(own, dist_env, settings, report):
+def test_gemm_throughput(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("performance", "triage")
     props = torch.cuda.get_device_properties(dist_env.device)
@@ -229,13 +254,15 @@ def test_gemm_throughput(own, dist_env, settings, report):
                 during=lambda: health.clock_reasons_while_busy(nvml, handle, errors, lambda: not stream.query()))
             return flops, reasons
 
-    measured, error = _local(gemm)
+    measured, error = _local(gemm) if first_on_gpu == dist_env.rank else (None, None)
     flops, reasons = measured or (None, None)
     held_back = rules.clock_findings(gpu.index, gpu.uuid, reasons, "under load")
     model = _model(dist_env.device)
     verdict = dist_env.agree({"model": model, "value": flops}, "the GEMM throughputs",
                              decide=functools.partial(gpu_proof.below_median_by_model, tolerance=settings.gpu_spread))
     _every_gpu(report, dist_env, gpu, "gemm_bf16", flops, bar, 1e12, "TFLOP/s")
+    if _measured_elsewhere(first_on_gpu, dist_env, report, bar):
+        return
     if isinstance(error, gpu_proof.WrongGemm):  # the GPU computes wrong: as silent data corruption
         report.classify("gpu-hardware", "isolate")
     if error is not None:
