@@ -98,7 +98,7 @@ def test_every_gpu_computes(dist_env, report):
 
 
 
-def test_one_rank_per_gpu(dist_env, settings, report):
+def test_no_two_ranks_share_a_gpu(dist_env, settings, report):
     """Two ranks on one GPU halve its figures and make stragglers of both: named here as the setup fault it is
     (judge/sharing.py), unless the nodes are emulated on one machine on purpose (--emulated-nodes)."""
     uuid = str(torch.cuda.get_device_properties(dist_env.device).uuid)

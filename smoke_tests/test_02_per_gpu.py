@@ -77,8 +77,8 @@ def first_on_gpu(own, dist_env):
 
 def _measured_elsewhere(first_on_gpu, dist_env, report, bar: bars.Bar) -> bool:
     """True on a rank whose GPU an earlier rank measured: it passes, or skips where that rank skips for want of a
-    bar (a skip must be unanimous, and the GPU was judged there), saying so in its figures; gpus::one_rank_per_gpu
-    says whether the sharing is a fault."""
+    bar (a skip must be unanimous, and the GPU was judged there), saying so in its figures;
+    gpus::no_two_ranks_share_a_gpu says whether the sharing is a fault."""
     if first_on_gpu == dist_env.rank:
         return False
     report.figure("measured_by_rank", first_on_gpu)
@@ -118,6 +118,8 @@ def _every_gpu(report, dist_env, gpu: topology.Gpu, what: str, value: float, bar
         report.figure(what, "n/a" if mine["value"] is None else mine["value"], unit)
         return
     report.table(f"per_gpu_{what}", rows)
+    measured = {row["uuid"] for row in rows if row["value"] is not None}
+    rows = [row for row in rows if row["value"] is not None or row["uuid"] not in measured]  # a shared GPU: once
     if len(rows) <= FIGURES_PER_GPU_UP_TO:
         for row in rows:
             report.figure(f"{what}@{row['host']}:{row['gpu']}", "n/a" if row["value"] is None else row["value"], unit)

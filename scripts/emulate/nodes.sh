@@ -6,6 +6,8 @@
 # network transport, here TCP sockets over loopback (NET/Socket; NCCL_IB_DISABLE=1). The nodes share the
 # machine's GPUs: node i gets GPU i mod G of EMULATE_GPUS; ranks on one GPU are expected there (--emulated-nodes
 # is passed: per-GPU figures are measured once per GPU, and no bar comes from NICs the links do not cross).
+# --graph-max 0 unless given: a CUDA graph's all_reduce over sockets on one time-sliced GPU takes 13 ms at 8 B
+# (measured on one H200, 3 nodes), so the graph sweep would time the time-slicing for minutes, not a link.
 #
 #   scripts/emulate/nodes.sh 3 --reports /tmp/emu -k "not compile"
 #
@@ -26,7 +28,8 @@ while [ $# -gt 0 ]; do
 done
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ -f "$here/../../stackproof/__init__.py" ]; then
-    export PYTHONPATH="$(cd "$here/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+    repo="$(cd "$here/../.." && pwd)"
+    export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 IFS=, read -r -a gpus <<< "${EMULATE_GPUS-0}"
 mkdir -p "$reports"
@@ -38,7 +41,8 @@ for ((i = 0; i < nodes; i++)); do
     env "${visible[@]}" NCCL_HOSTID="stackproof-emulated-node-$i" STACKPROOF_NODE_NAME="emu-$i" \
         NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo GLOO_SOCKET_IFNAME=lo STACKPROOF_EMULATED_NODES=1 \
         "${STACKPROOF_PYTHON:-python3}" -m stackproof validate --nnodes "$nodes" --node-rank "$i" \
-        --master-addr 127.0.0.1 --master-port "${EMULATE_PORT:-29533}" --reports "$reports/emu-$i" "${args[@]}" \
+        --master-addr 127.0.0.1 --master-port "${EMULATE_PORT:-29533}" --reports "$reports/emu-$i" \
+        --graph-max 0 "${args[@]}" \
         >"$reports/emu-$i.log" 2>&1 &
     pids+=($!)
 done

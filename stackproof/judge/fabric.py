@@ -185,6 +185,6 @@ def node_pair_bar(line_rates: Mapping[str, tuple[float, str]], ranks_per_node: i
     rank k of the other at once, both ways: each rail's share of the slower node's line rate, x `fraction`."""
     bar = cross_node_busbw_bar(line_rates, fraction, emulated)
     if bar.value is None:
-        return bar
+        return Bar(None, bar.source.replace("pass --min-busbw", "pass --min-pair-gbps"))
     per_rail = bar.value / max(1, ranks_per_node)
     return Bar(round(per_rail, 3), bar.source + (f" / {ranks_per_node} rails" if ranks_per_node > 1 else ""))
