@@ -1,7 +1,7 @@
 """Real links in CI, on one machine: three "nodes", each a network namespace with its own address, joined by veth
 pairs and a bridge (scripts/ci/netns.sh: no default route, 10.77.0.0/24 inside the namespaces only). A multi-node
 validate runs across them (CPU ranks, gloo on each node's eth0, the rendezvous at node 0's address), and one node's
-link is degraded: rate-limited (tc tbf) or lossy (iptables -m statistic; this kernel has no netem).
+link is rate-limited both ways (tc tbf; this kernel has no netem, so no added delay).
 `pairwise::node_pairs` must name that node, and only it; the clean run passes.
 
 Needs root and iproute2/iptables: skipped with the reason elsewhere, unless STACKPROOF_REQUIRE_NETNS=1 (CI).
@@ -23,10 +23,10 @@ SCRIPT = REPO / "scripts" / "ci" / "netns.sh"
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 NODES = 3
 RUN_S = 120
-# CPU ranks of three nodes on a shared 2-core host: a wide tolerance (the degraded link is 10x slower and more;
-# noise reaches 2x).
-NODE_PAIRS = ("-k", "node_pairs", "--nproc", "1", "--pair-tolerance", "0.75", "--timeout", "60", "--pair-bytes", "64K",
-              "--iters", "5", "--warmup", "1")
+# CPU ranks of three nodes on a shared 2-core host: a wide tolerance (the rate-limited link is 30x slower and more;
+# noise between clean pairs reaches 5x). 64 KiB exchanges, 5 timed: the run's cost is its start-up, not the pairs.
+NODE_PAIRS = ("-k", "node_pairs", "--nproc", "1", "--pair-tolerance", "0.75", "--iters", "10", "--warmup", "2",
+              "--timeout", "60")
 PREFIX = f"spn{os.getpid() % 100000}"
 
 
@@ -94,7 +94,10 @@ def test_a_clean_run_across_namespaces_passes(namespaces, tmp_path):
     assert report["context"]["pairwise_nodes"]["nodes"] == [] and report["context"]["pairwise_nodes"]["links"] == []
 
 
-@pytest.mark.parametrize(("how", "value"), [("slow", "50mbit"), ("lossy", "0.2")])
+# Random loss (netns.sh lossy, iptables -m statistic) is left out: on veth at microseconds of RTT TCP recovers a
+# lost packet at once; 5-12% loss each way cost 2-4x here (under the noise between clean pairs), 20-30% stalled
+# gloo past its timeout in half the runs: no rate named the node in every run on the 2-core CI host.
+@pytest.mark.parametrize(("how", "value"), [("slow", "50mbit")])
 def test_a_degraded_link_names_its_node_and_only_it(namespaces, tmp_path, how, value):
     made = _netns(how, "1", value)
     assert made.returncode == 0, made.stderr
