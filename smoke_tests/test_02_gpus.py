@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from stackproof.judge import hardware, software
-from stackproof.measure import nics, topology
+from stackproof.judge import hardware, sharing, software
+from stackproof.measure import identity, nics, topology
 from stackproof.run.visibility import FROM_THE_BUS, FROM_THE_SCHEDULER, expected_gpus, missing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fast]
@@ -108,5 +108,21 @@ def test_torch_has_kernels_for_every_gpu(dist_env, report):
         missing = software.arch_finding(arch_list, (props.major, props.minor), index, str(props.uuid), props.name)
         if missing is not None:
             found.append(missing)
+    report.found(*found)
+    assert not found, " | ".join(map(str, found))
+
+
+def test_no_two_ranks_share_a_gpu(dist_env, settings, report):
+    """Two ranks on one GPU halve its figures and make stragglers of both: named here as the setup fault it is
+    (judge/sharing.py), unless the nodes are emulated on one machine on purpose (--emulated-nodes)."""
+    uuid = str(torch.cuda.get_device_properties(dist_env.device).uuid)
+    every = dist_env.agree({"uuid": uuid, "node": identity.node_name()}, "the ranks' GPUs", lambda values: values)
+    uuids, nodes = [v["uuid"] for v in every], [v["node"] for v in every]
+    shared = sharing.holders(uuids)
+    report.figure("shared_gpus", len(shared))
+    if shared and settings.emulated_nodes:
+        report.figure("emulated", "yes: per-GPU figures measured once per GPU, stragglers weighed by ranks per GPU")
+    report.classify("configuration", "triage")
+    found = sharing.findings(uuids, nodes, dist_env.rank, dist_env.device.index, settings.emulated_nodes)
     report.found(*found)
     assert not found, " | ".join(map(str, found))

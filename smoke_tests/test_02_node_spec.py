@@ -6,28 +6,30 @@ through NVML, by the UUID torch gives its device; the facts go into report.json'
 import pytest
 import torch
 
+from stackproof.judge import fabric as network
 from stackproof.judge import findings as judged
 from stackproof.judge import spec as node_spec
-from stackproof.measure import health, identity, topology
+from stackproof.measure import fabric, health, identity, topology
 
 pytestmark = [pytest.mark.fast, pytest.mark.gpu]
 
 
-def _read_own(device: torch.device, node: str, rank: int) -> dict:
+def _read_own(device: torch.device, node: str, rank: int, sysfs: str) -> dict:
     uuid = str(torch.cuda.get_device_properties(device).uuid)
     with topology.nvml_session() as nvml:
         gpu = topology.read_gpu(nvml, nvml.nvmlDeviceGetIndex(health.handle_of(nvml, uuid)))
         driver = topology.optional(nvml, gpu.nvml_errors, "driver version", nvml.nvmlSystemGetDriverVersion)
-    return node_spec.row_of(gpu, None if driver is None else str(driver), node, rank)
+    return node_spec.row_of(gpu, None if driver is None else str(driver), node, rank,
+                            network.node_facts(fabric.read(sysfs).to_json()))
 
 
 @pytest.fixture(scope="module")
-def facts(dist_env):
+def facts(dist_env, settings):
     """(this rank's row, every rank's rows). A GPU NVML cannot read is a row of n/a with the error: a finding
     of the checks below, never a traceback and never a pass."""
     node = identity.node_name()
     try:
-        mine = _read_own(dist_env.device, node, dist_env.rank)
+        mine = _read_own(dist_env.device, node, dist_env.rank, settings.sysfs)
     except Exception as err:  # NVML missing, the GPU lost, an unknown error: said in the row
         mine = node_spec.unread_row(node, dist_env.rank, f"{type(err).__name__}: {err}")
     return mine, dist_env.agree(mine, "the GPU facts", decide=lambda rows: rows)

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from stackproof.judge import bars, data, hardware, per_gpu
+from stackproof.judge import bars, data, hardware, per_gpu, sharing
 from stackproof.judge import counters as counter_rules
 from stackproof.judge import health as rules
 from stackproof.measure import counters, gpu_proof, health, identity, memtest, patterns, topology, watermark
@@ -79,6 +79,26 @@ def own(dist_env, settings):
 
 
 @pytest.fixture(scope="module")
+def first_on_gpu(own, dist_env):
+    """The rank that times this rank's GPU: itself, unless an earlier rank shares the GPU (judge/sharing.py):
+    two ranks timing one GPU at once would each see half of it."""
+    uuids = dist_env.agree(own[0].uuid, "the ranks' GPUs", lambda values: values)
+    return sharing.measured_by(uuids, dist_env.rank)
+
+
+def _measured_elsewhere(first_on_gpu, dist_env, report, bar: bars.Bar) -> bool:
+    """True on a rank whose GPU an earlier rank measured: it passes, or skips where that rank skips for want of a
+    bar (a skip must be unanimous, and the GPU was judged there), saying so in its figures;
+    gpus::no_two_ranks_share_a_gpu says whether the sharing is a fault."""
+    if first_on_gpu == dist_env.rank:
+        return False
+    report.figure("measured_by_rank", first_on_gpu)
+    if bar.value is None:
+        pytest.skip(f"no bar ({bar.source}); this GPU was measured by rank {first_on_gpu}, which shares it")
+    return True
+
+
+@pytest.fixture(scope="module")
 def xid_watch(own, settings):
     """NVML's XID events on this rank's GPU, watched from the first per-GPU check to the last. Where NVML watched
     live throughout, the watermark moves on to the end of the watch: the next look does not judge again, from
@@ -113,6 +133,8 @@ def _every_gpu(report, dist_env, gpu: topology.Gpu, what: str, value: float, bar
         report.figure(what, "n/a" if mine["value"] is None else mine["value"], unit)
         return
     report.table(f"per_gpu_{what}", rows)
+    measured = {row["uuid"] for row in rows if row["value"] is not None}
+    rows = [row for row in rows if row["value"] is not None or row["uuid"] not in measured]  # a shared GPU: once
     if len(rows) <= FIGURES_PER_GPU_UP_TO:
         for row in rows:
             report.figure(f"{what}@{row['host']}:{row['gpu']}", "n/a" if row["value"] is None else row["value"], unit)
@@ -202,15 +224,19 @@ def _delivered(report, gpu: topology.Gpu, moved: list[tuple[str, str, object]]) 
     assert not wrong, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, wrong))
 
 
-def test_hbm_bandwidth(own, dist_env, settings, report):
+def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("performance", "triage")
     bar = bars.hbm_bar(gpu, settings.hbm_fraction)
     nbytes, iters = 1 << 30, 50
+    mine = first_on_gpu == dist_env.rank
     measured, error = _local(lambda: gpu_proof.device_copy_bytes_per_s(
-        dist_env.device, nbytes, iters=iters, seed=patterns.seed_of("hbm", dist_env.rank, gpu.uuid)))
+        dist_env.device, nbytes, iters=iters, seed=patterns.seed_of("hbm", dist_env.rank, gpu.uuid))) \
+        if mine else (None, None)
     rate, wrong = measured or (None, None)
     _every_gpu(report, dist_env, gpu, "hbm", rate, bar, 1e12, "TB/s")
+    if _measured_elsewhere(first_on_gpu, dist_env, report, bar):
+        return
     if error is not None:
         raise error
     _delivered(report, gpu, [("device-to-device copy", f"{nbytes} B copied {iters} times", wrong)])
@@ -222,7 +248,7 @@ def test_hbm_bandwidth(own, dist_env, settings, report):
             f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
 
 
-def test_host_device_copies(own, dist_env, settings, report):
+def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
@@ -245,12 +271,14 @@ def test_host_device_copies(own, dist_env, settings, report):
     measured = None
     for turn in range(dist_env.local_world_size):
         dist_env.barrier(f"host-device copies, turn of local rank {turn}")
-        if turn == dist_env.local_rank and error is None:
+        if turn == dist_env.local_rank and error is None and first_on_gpu == dist_env.rank:
             measured, error = _local(measure)
     h2d, d2h, (gen, width), wrong_h2d = measured or (None, None, (None, None), None)
     wrong_d2h, check_error = _local(copies.check_host) if measured else (None, None)
     _every_gpu(report, dist_env, gpu, "h2d", h2d, bar, 1e9, "GB/s")
     _every_gpu(report, dist_env, gpu, "d2h", d2h, bar, 1e9, "GB/s")
+    if _measured_elsewhere(first_on_gpu, dist_env, report, bar):
+        return
     if error is not None or check_error is not None:
         raise error or check_error
     _delivered(report, gpu, [("host-to-device copy", f"{copies.nbytes} B from pinned memory", wrong_h2d),
@@ -272,7 +300,7 @@ def test_host_device_copies(own, dist_env, settings, report):
         pytest.skip(f"no bar for the copies ({h2d / 1e9:.1f} / {d2h / 1e9:.1f} GB/s measured): {bar.source}")
 
 
-def test_gemm_throughput(own, dist_env, settings, report):
+def test_gemm_throughput(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("performance", "triage")
     props = torch.cuda.get_device_properties(dist_env.device)
@@ -291,13 +319,15 @@ def test_gemm_throughput(own, dist_env, settings, report):
                 during=lambda: health.clock_reasons_while_busy(nvml, handle, errors, lambda: not stream.query()))
             return flops, reasons
 
-    measured, error = _local(gemm)
+    measured, error = _local(gemm) if first_on_gpu == dist_env.rank else (None, None)
     flops, reasons = measured or (None, None)
     held_back = rules.clock_findings(gpu.index, gpu.uuid, reasons, "under load")
     model = _model(dist_env.device)
     verdict = dist_env.agree({"model": model, "value": flops}, "the GEMM throughputs",
                              decide=functools.partial(per_gpu.below_median_by_model, tolerance=settings.gpu_spread))
     _every_gpu(report, dist_env, gpu, "gemm_bf16", flops, bar, 1e12, "TFLOP/s")
+    if _measured_elsewhere(first_on_gpu, dist_env, report, bar):
+        return
     if isinstance(error, gpu_proof.WrongGemm):  # the GPU computes wrong: as silent data corruption
         report.classify("gpu-hardware", "isolate")
     if error is not None:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from stackproof.judge import bars, data
-from stackproof.measure import bandwidth, topology
+from stackproof.judge import fabric as network
+from stackproof.measure import bandwidth, fabric, identity, topology
 
 MiB, GiB, KiB = 1 << 20, 1 << 30, 1 << 10
 
@@ -53,11 +54,28 @@ def gpus(dist_env):
     return topology.visible(inventory, topology.cuda_visible_devices())
 
 
+@pytest.fixture(scope="module")
+def fabrics(dist_env, settings):
+    """{node: its NIC facts} (stackproof/measure/fabric.py), every node's, on every rank."""
+    return fabric.job_fabrics(dist_env, settings.sysfs, identity.node_name())
+
+
+def _network_bar(fabrics, dist_env, settings) -> bars.Bar:
+    """Across nodes on GPUs: the busbw bar from the slowest node's line rate (judge/fabric.py), said in the
+    report; CPU ranks' gloo figures are the shared cores', not the NIC's."""
+    if dist_env.num_nodes < 2 or not dist_env.is_gpu:
+        return bars.Bar(None, "one node" if dist_env.num_nodes < 2 else "CPU ranks")
+    expect = {n: network.expectation(f, [o for m, o in fabrics.items() if m != n], None) for n, f in fabrics.items()}
+    return network.cross_node_busbw_bar({n: network.node_line_rate(f, expect[n]) for n, f in fabrics.items()},
+                                        settings.busbw_fraction, settings.emulated_nodes)
+
+
 @pytest.mark.multi_rank
-def test_all_reduce_busbw(sweep, gpus, dist_env, settings, report):
+def test_all_reduce_busbw(sweep, gpus, fabrics, dist_env, settings, report):
     sweep, wrong = sweep
     report.classify("performance", "triage")
-    threshold = bars.busbw_bar(gpus, dist_env.num_nodes, settings.busbw_fraction, settings.min_busbw)
+    threshold = bars.busbw_bar(gpus, dist_env.num_nodes, settings.busbw_fraction, settings.min_busbw,
+                               _network_bar(fabrics, dist_env, settings))
     header = (f"all_reduce sum in-place, {dist_env.world_size} ranks ({dist_env.backend}), "
               f"{settings.iters} iters after {settings.warmup} warm-up, GB = 1e9 B, time = mean over ranks")
     report.say("\n" + bandwidth.format_table(sweep, header))
@@ -115,7 +133,7 @@ def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
 
 @pytest.mark.gpu
 @pytest.mark.multi_rank
-def test_nccl_transport(sweep, gpus, dist_env, report):
+def test_nccl_transport(sweep, gpus, fabrics, dist_env, settings, report):
     sweep = sweep[0]
     report.classify("configuration", "triage")
     log = bandwidth.own_nccl_log()
@@ -131,6 +149,24 @@ def test_nccl_transport(sweep, gpus, dist_env, report):
     if nvlink and dist_env.num_nodes == 1:
         report.hint("NVLink is up but NCCL avoided P2P: unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL, check IOMMU/ACS")
         assert "P2P" in kinds, f"NVLink is up on every GPU, expected NCCL's P2P transport, found {everyone}"
+    _judge_network_transport(mine, gpus, fabrics, dist_env, settings, report)
+
+
+def _judge_network_transport(mine, gpus, fabrics, dist_env, settings, report) -> None:
+    """Across nodes: this rank's NCCL network transport against its node's NICs (judge/fabric.py): sockets with
+    RDMA up everywhere, or RDMA without GPUDirect where it should have it, is this rank's finding."""
+    if dist_env.num_nodes < 2:
+        return
+    node = identity.node_name()
+    nics = [p["pci_bus_id"] for p in (fabrics.get(node) or {}).get("ports", ()) if p.get("pci_bus_id")]
+    bus = gpus[dist_env.device.index].pci_bus_id if dist_env.device.index < len(gpus) else None
+    paths = fabric.gpu_nic_paths(settings.sysfs, [bus], nics) if bus and nics else {}
+    if dist_env.is_main:
+        report.context("gpu_nic_paths", paths)
+    report.figure("network", ",".join(t for t in mine if t.startswith("NET/")) or "none")
+    found = network.transport_findings(mine, dist_env.num_nodes, fabrics, node, paths, settings.emulated_nodes)
+    report.found(*found)
+    assert not found, " | ".join(map(str, found))
 
 
 def _figures(report, rows, prefix: str = "") -> None:

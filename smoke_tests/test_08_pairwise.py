@@ -7,7 +7,9 @@ import pytest
 import torch.distributed as dist
 
 from stackproof.judge import data
-from stackproof.measure import identity, pairwise, patterns, topology
+from stackproof.judge import fabric as network
+from stackproof.judge import pairwise as blame
+from stackproof.measure import fabric, identity, pairwise, patterns, topology
 from stackproof.run import faults
 from stackproof.run.config import PAIR_TOLERANCE_GPU
 
@@ -91,8 +93,16 @@ def _judged(settings, dist_env) -> float | None:
     return PAIR_TOLERANCE_GPU if dist_env.is_gpu or settings.min_pair_gbps is not None else None
 
 
-NOT_JUDGED = ("CPU ranks share this host's cores: their pair figures are reported above, not judged; pass "
-              "--pair-tolerance or --min-pair-gbps to judge them")
+def _line_rate_bar(dist_env, settings, per_node) -> pairwise.Bar:
+    """The node pairs' bar from the NICs' line rate (judge/fabric.py), on GPU ranks only: CPU ranks' exchanges
+    are held back by the cores they share, not by the NIC."""
+    fabrics = fabric.job_fabrics(dist_env, settings.sysfs, identity.node_name())
+    if not dist_env.is_gpu:
+        return pairwise.Bar(None, "CPU (gloo) ranks: no bar from the NICs' line rate")
+    expect = {n: network.expectation(f, [o for m, o in fabrics.items() if m != n], None) for n, f in fabrics.items()}
+    rates = {n: network.node_line_rate(f, expect[n]) for n, f in fabrics.items()}
+    bar = network.node_pair_bar(rates, per_node, settings.busbw_fraction, settings.emulated_nodes)
+    return pairwise.Bar(bar.value, bar.source)
 
 
 @pytest.mark.fast
@@ -112,78 +122,17 @@ def test_local_pairs(layout, dist_env, settings, report):
     kept = {}
 
     def plan(values):
-        """First pass, on rank 0: each pair against its bar; then, per node, what to measure again before any GPU,
-        pair or link is named (a suspect against a GPU that passed, every other slow pair once more)."""
-        figures, rails = pairwise.pair_figures([v["exchanges"] for v in values], lambda r: r, nbytes)
-        nodes = {r // per_node: values[r - r % per_node]["node"] for r in range(len(values))}
-        link_of = {}
-        for first_rank in (n * per_node for n in nodes):
-            for key, link in (values[first_rank]["links"] or {}).items():
-                if key != "error":
-                    i, j = map(int, key.split(","))
-                    link_of[(first_rank + i, first_rank + j)] = link
-        judged = {p: link_of[p]["gbps"] * settings.busbw_fraction for p in figures if link_of.get(p, {}).get("gbps")}
-        per_pair = bool(judged) and len(judged) == len(figures)
-        if per_pair:  # every pair has an NVML link: each against its own bar
-            bar, source = 1.0, f"{settings.busbw_fraction:g} x each pair's NVML link peak (--busbw-fraction)"
-        elif tolerance is None:
-            bar, source = None, NOT_JUDGED
-        else:
-            found = pairwise.bar_for(figures, tolerance, settings.min_pair_gbps, "rank")
-            bar, source = found.gbps, found.source
-        ratios = pairwise.ratios(figures, judged if per_pair else {})
-        kept.update(figures=figures, rails=rails, nodes=nodes, link_of=link_of, judged=judged, ratios=ratios,
-                    bar=bar, source=source, per_pair=per_pair)
-        rounds = {n: [[(a - n * per_node, b - n * per_node) for a, b in r] for r in pairwise.second_pass(
-            {p: g for p, g in ratios.items() if p[0] // per_node == n}, bar)] for n in nodes}
-        depth = max((len(r) for r in rounds.values()), default=0)
-        return [rounds[n] + [[]] * (depth - len(rounds[n])) for n in sorted(nodes)]  # every node: same barriers
+        """On rank 0: the first pass judged, and per node what to measure again (judge/pairwise.py)."""
+        kept["first"], rounds = blame.local_first_pass(values, per_node, nbytes, settings.busbw_fraction, tolerance,
+                                                       settings.min_pair_gbps)
+        return rounds
 
     plans = dist_env.agree({"exchanges": first, "links": _links(dist_env), "node": identity.node_name()},
                            "the local pair bandwidths", plan)
     second = _measure(dist_env, settings, [[tuple(p) for p in r] for r in plans[dist_env.node_rank]],
                       dist_env.local_rank, local)
-
-    def decide(values):
-        figures, ratios, bar, nodes = kept["figures"], kept["ratios"], kept["bar"], kept["nodes"]
-        judged, link_of = kept["judged"], kept["link_of"]
-        again_figures, _ = pairwise.pair_figures(values, lambda r: r, nbytes)
-        again = pairwise.ratios(again_figures, judged if kept["per_pair"] else {})
-        verdict = pairwise.localize(ratios, again, bar)
-
-        def gpu(r):
-            return f"{'GPU' if dist_env.is_gpu else 'rank'} {r % per_node}"
-
-        def gbps(value):
-            return "no answer" if value is None else f"{value:.2f} GB/s"
-
-        def said(p):
-            link = link_of.get(p, {}).get("label") or ("CPU ranks, gloo" if not dist_env.is_gpu else "link unknown")
-            bar_text = f"; bar {judged[p]:.1f} GB/s" if p in judged else f"; bar {bar:.2f} GB/s" if bar else ""
-            retest = f", {gbps(again_figures[p])} again" if p in again_figures else ""
-            return (f"{nodes[p[0] // per_node]}: {gpu(p[0])} <-> {gpu(p[1])} ({link}): {gbps(figures[p])}{retest}"
-                    f"{bar_text}")
-
-        def retested(m):
-            return next((p for p in again_figures if m in p), None) or next(p for p in figures if m in p)
-
-        findings = [f"{gpu(m)} of {nodes[m // per_node]}: every pair slow, and again against one that passed: "
-                    f"{said(retested(m))}" for m in verdict["members"]]
-        findings += [said(p) + " (slow pair)" for p in verdict["links"] + verdict["unresolved"]]
-        ranks = sorted(set(verdict["members"]) | {r for p in verdict["links"] + verdict["unresolved"] for r in p})
-        rows = [{"node": nodes[p[0] // per_node], "a": p[0] % per_node, "b": p[1] % per_node, "ranks": list(p),
-                 "gbps": None if g is None else round(g, 3), "link": link_of.get(p, {}).get("label", ""),
-                 "bar_gbps": round(judged[p], 3) if p in judged else bar, "slow": pairwise.is_slow(ratios[p], bar),
-                 "retest_gbps": (None if again_figures[p] is None else round(again_figures[p], 3))
-                 if p in again_figures else "not measured again", "rails": kept["rails"][p]}
-                for p, g in sorted(figures.items())]
-        matrices = [{"node": nodes[n], "figures": [[a % per_node, b % per_node, g] for (a, b), g in figures.items()
-                                                   if a // per_node == n]} for n in sorted(nodes)]
-        return {"findings": findings, "ranks": ranks, "rows": rows, "matrices": matrices, "source": kept["source"],
-                "bar": bar, "members_named": bool(verdict["members"]),
-                "slowest": min((g for g in figures.values() if g is not None), default=None)}
-
-    verdict = dist_env.agree(second, "the local pair re-tests", decide)
+    verdict = dist_env.agree(second, "the local pair re-tests", lambda values: blame.local_verdict(
+        kept["first"], values, per_node, nbytes, dist_env.is_gpu))
     label = "GPU" if dist_env.is_gpu else "rank"
     for matrix in verdict["matrices"]:
         figures = {(a, b): g for a, b, g in matrix["figures"]}
@@ -212,48 +161,18 @@ def test_node_pairs(layout, dist_env, settings, report):
         return node * per_node + dist_env.local_rank
 
     first = _measure(dist_env, settings, pairwise.round_robin(nodes), dist_env.node_rank, rank_of)
+    line = _line_rate_bar(dist_env, settings, per_node)
     kept = {}
 
     def plan(values):
-        figures, rails = pairwise.pair_figures([v["exchanges"] for v in values], lambda r: r // per_node, nbytes)
-        tolerance = _judged(settings, dist_env)
-        bar = (pairwise.bar_for(figures, tolerance, settings.min_pair_gbps, "node") if tolerance is not None
-               else pairwise.Bar(None, NOT_JUDGED))
-        kept.update(figures=figures, rails=rails, bar=bar, names=[values[n * per_node]["node"] for n in range(nodes)])
-        return pairwise.second_pass(figures, bar.gbps)
+        kept["first"], retests = blame.node_first_pass(values, per_node, nbytes, _judged(settings, dist_env),
+                                                       settings.min_pair_gbps, line)
+        return retests
 
     retests = dist_env.agree({"exchanges": first, "node": identity.node_name()}, "the node pair bandwidths", plan)
     second = _measure(dist_env, settings, [[tuple(p) for p in r] for r in retests], dist_env.node_rank, rank_of)
-
-    def decide(values):
-        again, _ = pairwise.pair_figures([v for v in values], lambda r: r // per_node, nbytes)
-        figures, bar, names = kept["figures"], kept["bar"], kept["names"]
-        verdict = pairwise.localize(figures, again, bar.gbps)
-
-        def gbps(value):
-            return "no answer" if value is None else f"{value:.2f} GB/s"
-
-        findings = [f"node {names[m]}: every pairing slow ({', '.join(f'with {names[b if a == m else a]} {gbps(g)}' for (a, b), g in {**figures, **again}.items() if m in (a, b))}; bar {bar.gbps} GB/s)"  # noqa: E501
-                    for m in verdict["members"]]
-        findings += [f"link {names[a]} <-> {names[b]}: {gbps(figures[(a, b)])}"
-                     f"{f' and {gbps(again[(a, b)])} again' if (a, b) in again else ''}, both nodes fine with others "
-                     f"(bar {bar.gbps} GB/s)" for a, b in verdict["links"]]
-        findings += [f"{names[a]} <-> {names[b]}: {gbps(figures[(a, b)])} (bar {bar.gbps} GB/s); no node passed "
-                     "to re-test against, so a slow node and a slow link cannot be told apart" for a, b in
-                     verdict["unresolved"]]
-        blamed = set(verdict["members"]) | {n for p in verdict["links"] + verdict["unresolved"] for n in p}
-        rows = [{"a": names[a], "b": names[b], "pass": "first", "gbps": None if g is None else round(g, 3),
-                 "bar_gbps": bar.gbps, "slow": pairwise.is_slow(g, bar.gbps), "rails": kept["rails"][(a, b)]}
-                for (a, b), g in sorted(figures.items())]
-        rows += [{"a": names[a], "b": names[b], "pass": "retest", "gbps": None if g is None else round(g, 3),
-                  "bar_gbps": bar.gbps, "slow": pairwise.is_slow(g, bar.gbps)} for (a, b), g in sorted(again.items())]
-        return {"findings": findings, "ranks": [r for r in range(len(values)) if r // per_node in blamed],
-                "members_named": bool(verdict["members"]),
-                "rows": rows, "names": names, "figures": [[a, b, g] for (a, b), g in figures.items()],
-                "bar": bar.gbps, "source": bar.source, "named_nodes": [names[m] for m in verdict["members"]],
-                "named_links": [[names[a], names[b]] for a, b in verdict["links"]]}
-
-    verdict = dist_env.agree(second, "the node pair re-tests", decide)
+    verdict = dist_env.agree(second, "the node pair re-tests",
+                             lambda values: blame.node_verdict(kept["first"], values, per_node, nbytes))
     report.say("\n" + pairwise.format_matrix(
         verdict["names"], {(a, b): g for a, b, g in verdict["figures"]},
         f"pairwise bandwidth between nodes, row <-> column, slowest of {per_node} rail(s) (local rank k <-> local "

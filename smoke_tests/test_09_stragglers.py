@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from stackproof.judge import sharing
 from stackproof.judge.stragglers import late_ranks
 from stackproof.measure import identity, stragglers
 from stackproof.run import faults
@@ -88,9 +89,10 @@ def test_no_rank_arrives_late(phase, dist_env, settings, report, stack):
         waits.append(time.perf_counter() - begin)
     # The best of the repetitions: a neighbour's burst on a shared host should not name a rank; a slow GPU or
     # node is slow every time.
-    mine = {"arrival": min(arrivals), "wait": statistics.median(waits)}
+    mine = {"arrival": min(arrivals), "wait": statistics.median(waits),
+            "gpu": str(torch.cuda.get_device_properties(dist_env.device).uuid) if dist_env.is_gpu else None}
     verdict = dist_env.agree(mine, f"the {phase} arrival times", lambda values: {
-        **late_ranks([v["arrival"] for v in values], tolerance or 0.0),
+        **late_ranks([v["arrival"] for v in values], tolerance or 0.0, sharing.shares([v["gpu"] for v in values])),
         "rows": [{"rank": r, "arrival_ms": round(v["arrival"] * 1e3, 3), "wait_ms": round(v["wait"] * 1e3, 3)}
                  for r, v in enumerate(values)]})
     report.figure("arrival", round(mine["arrival"] * 1e3, 3), "ms")

@@ -33,7 +33,9 @@ def test_one_runtime_target_per_image_tagged_from_the_matrix(rendered):
         assert runtime["args"] == {
             "IMAGE_NAME": image.name, "FLAVOR": image.flavor, "BASE": image.base,
             **{key.upper(): value for key, value in image.pins().items()},
+            "RDMA_PACKAGES": " ".join(MATRIX.rdma_packages),
         }
+        assert "libibverbs1" in runtime["args"]["RDMA_PACKAGES"]
 
 
 def test_layers_are_linked_by_named_contexts(rendered):

@@ -61,6 +61,26 @@ def test_torch_and_torchvision_versions_equal_the_matrix(built):
 
 
 @pytest.mark.docker
+def test_the_image_carries_what_nccls_ib_transport_loads(built):
+    """rdma-core's verbs library and its providers (images/matrix.toml rdma_packages): NCCL dlopens libibverbs.so.1,
+    which must list no device here (no NIC in the build's container) rather than fail to load; ibv_devinfo runs."""
+    from stackproof.images.matrix import load_matrix
+
+    packages = load_matrix().rdma_packages
+    assert {"libibverbs1", "ibverbs-providers"} <= set(packages)
+    out = run(RUNTIME_TAG, "bash", "-c",
+              "dpkg-query -W -f '${Package}\\n' " + " ".join(packages) + " && "
+              "ls /usr/lib/*/libibverbs/ | grep -c rdmav && "
+              "python -c \"import ctypes; v = ctypes.CDLL('libibverbs.so.1'); n = ctypes.c_int(-1); "
+              "v.ibv_get_device_list.restype = ctypes.c_void_p; v.ibv_get_device_list(ctypes.byref(n)); "
+              "print('devices', n.value)\" && (ibv_devinfo -l || true)", entrypoint="")
+    lines = out.splitlines()
+    assert lines[:len(packages)] == list(packages), out
+    assert int(lines[len(packages)]) >= 5, out  # mlx5, efa, bnxt_re, ... providers
+    assert "devices 0" in out, out
+
+
+@pytest.mark.docker
 def test_pip_freeze_equals_the_lock(built):
     out = run(RUNTIME_TAG, "pip", "freeze", "--all")
     frozen = {}

@@ -86,7 +86,8 @@ def _lab_targets(image: Image, namespace: str) -> dict[str, dict]:
     }}
 
 
-def _image_targets(image: Image, wheelhouse_root: Path, namespace: str) -> dict[str, dict]:
+def _image_targets(image: Image, wheelhouse_root: Path, namespace: str,
+                   rdma_packages: tuple[str, ...] = ()) -> dict[str, dict]:
     if image.flavor == "lab":
         return _lab_targets(image, namespace)
     base_target = image.name + BASE_SUFFIX
@@ -119,6 +120,7 @@ def _image_targets(image: Image, wheelhouse_root: Path, namespace: str) -> dict[
             "CUDA": image.cuda,
             "CUDNN": image.cudnn,
             "NCCL": image.nccl,
+            "RDMA_PACKAGES": " ".join(rdma_packages),
         },
         "tags": [image.tag_in(check_namespace(namespace))],
     }
@@ -140,7 +142,7 @@ def render(matrix: Matrix, wheelhouse_root: Path = WHEELHOUSE_DIR, namespace: st
                           f"({', '.join(GROUPS)}); rename the image")
     targets: dict[str, dict] = {}
     for image in matrix.images:
-        targets.update(_image_targets(image, wheelhouse_root, namespace))
+        targets.update(_image_targets(image, wheelhouse_root, namespace, matrix.rdma_packages))
     return {
         "group": {
             "default": {"targets": targets_for(matrix.default_image)},

@@ -86,10 +86,16 @@ class Image:
 FIELDS = tuple(f.name for f in dataclasses.fields(Image) if f.name not in ("parent", "jupyterlab"))
 
 
+_APT_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+
+
 @dataclasses.dataclass(frozen=True)
 class Matrix:
     default: str
     images: tuple[Image, ...]
+    # What NCCL's InfiniBand/RoCE transport loads at run time (libibverbs and its providers), installed in every
+    # runtime layer from its base's apt repository: the names are pinned here, the versions are the base's.
+    rdma_packages: tuple[str, ...] = ()
 
     def get(self, name: str) -> Image:
         for image in self.images:
@@ -172,9 +178,13 @@ def load_matrix(path: Path = MATRIX_PATH) -> Matrix:
         raise ConfigError(f"{path}: not found (the image matrix; run from a stackproof checkout)") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path.name}: not valid TOML: {err}") from None
-    unknown = sorted(set(raw) - {"default", "image"})
+    unknown = sorted(set(raw) - {"default", "image", "rdma_packages"})
     if unknown:
-        raise ConfigError(f"{path.name}: unknown top-level key {unknown[0]!r} (known: default, image)")
+        raise ConfigError(f"{path.name}: unknown top-level key {unknown[0]!r} (known: default, image, rdma_packages)")
+    rdma = raw.get("rdma_packages", [])
+    if not isinstance(rdma, list) or not all(isinstance(n, str) and _APT_NAME.match(n) for n in rdma):
+        raise ConfigError(f"{path.name}: field 'rdma_packages' = {rdma!r}, expected a list of apt package names "
+                          "(libibverbs1, ibverbs-providers, ...)")
     entries = raw.get("image") or []
     if not entries:
         raise ConfigError(f"{path.name}: no [[image]] entries")
@@ -195,4 +205,4 @@ def load_matrix(path: Path = MATRIX_PATH) -> Matrix:
     default = raw.get("default")
     if default not in seen:
         raise ConfigError(f"{path.name}: field 'default' = {default!r}, expected one of: {', '.join(sorted(seen))}")
-    return Matrix(default=default, images=images)
+    return Matrix(default=default, images=images, rdma_packages=tuple(rdma))

@@ -85,14 +85,15 @@ def link_capacity(gpu: Gpu, peers: list[Gpu]) -> tuple[float, str]:
 
 # --- Bars ------------------------------------------------------------------------------------------------------------
 
-def busbw_bar(gpus: list[Gpu], num_nodes: int, fraction: float, override: float | None) -> Bar:
+def busbw_bar(gpus: list[Gpu], num_nodes: int, fraction: float, override: float | None,
+              across: Bar | None = None) -> Bar:
     """The busbw the largest all_reduce must reach: `override` if given, else `fraction` of the slowest GPU's
-    expected peak link bandwidth. Across nodes the network bounds it and NVML cannot see the network, so no bar
-    is derived there."""
+    expected peak link bandwidth. Across nodes the network bounds it: `across`, the bar from the NICs' line rate
+    (judge/fabric.py cross_node_busbw_bar), which says why where it could not be derived."""
     if override is not None:
         return Bar(override, "--min-busbw")
     if num_nodes > 1:
-        return Bar(None, "not derived across nodes (NVML cannot see the network): pass --min-busbw")
+        return across or Bar(None, "not derived across nodes: no NIC facts; pass --min-busbw")
     if not gpus:
         return Bar(None, "not derived: NVML sees no GPU")
     links = [link_capacity(gpu, gpus) for gpu in gpus]

@@ -18,7 +18,7 @@ from typing import Any
 
 from stackproof import __version__, files
 from stackproof.errors import ConfigError
-from stackproof.judge import verdict
+from stackproof.judge import fabric, verdict
 from stackproof.judge.findings import RESET, RMA, Finding
 
 SCHEMA = "stackproof.spec/1"
@@ -26,6 +26,7 @@ TABLE = "per_gpu_facts"  # report.json's table of facts, one row per GPU
 CHECK = "node_spec"
 MIB = 1 << 20
 KEY_FIELDS = ("gpu", "gpus_per_node")
+FABRIC_CHECK = "fabric::rdma_ports_hold_their_spec"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Rule:
     fix: str
     per_gpu: bool = True  # else one value per node
     kind: str = "text"  # what its value must be (KINDS): checked when a spec is read
+    judged_by: str = ""  # another check holds the node to this field (the spec only records it)
 
 
 # The fields, once. A wrong setting (driver, VBIOS, ECC, persistence, MIG, power limit) is configuration: the
@@ -73,6 +75,13 @@ RULES = (
          "flash the spec's VBIOS with the vendor's tool (or make the spec again from runs on the new VBIOS)"),
     Rule("power_limit_w", "enforced power limit (W)", "configuration", "triage",
          "nvidia-smi -i <GPU> -pl <watts> (and check the BMC's power capping)", kind="watts"),
+    # The network (sysfs, stackproof/measure/fabric.py); fabric::rdma_ports_hold_their_spec names the port.
+    Rule("fabric_ports_up", "RDMA ports up", "interconnect", "isolate", fabric.PORT_FIX, per_gpu=False,
+         judged_by=FABRIC_CHECK),
+    Rule("fabric_port_rate_gbps", "RDMA port rate (Gb/s, the slowest port up)", "interconnect", "triage",
+         fabric.RATE_FIX, per_gpu=False, judged_by=FABRIC_CHECK),
+    Rule("fabric_link_layer", "RDMA link layer", "configuration", "triage", fabric.PORT_FIX, per_gpu=False,
+         judged_by=FABRIC_CHECK),
 )
 FIELDS = tuple(rule.field for rule in RULES)
 
@@ -109,10 +118,13 @@ _FROM_GPU: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def row_of(gpu: Any, driver_version: str | None, node: str, rank: int) -> dict[str, Any]:
+def row_of(gpu: Any, driver_version: str | None, node: str, rank: int,
+           fabric_facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One GPU's facts as a row of `per_gpu_facts`. A reading NVML could not give stays None, and the NVML
-    errors behind it are kept (`nvml_errors`), so a spec check names them instead of guessing."""
+    errors behind it are kept (`nvml_errors`), so a spec check names them instead of guessing. `fabric_facts`:
+    its node's network (judge/fabric.py node_facts), the same on every row of the node."""
     row = {"node": node, "rank": rank, "gpu": gpu.index, "uuid": gpu.uuid, "driver_version": driver_version}
+    row.update(fabric_facts or fabric.node_facts(None))
     row.update({name: read(gpu) for name, read in _FROM_GPU.items()})
     row["nvml_errors"] = dict(getattr(gpu, "nvml_errors", {}) or {})
     return row
@@ -122,6 +134,7 @@ def unread_row(node: str, rank: int, error: str) -> dict[str, Any]:
     """The row of a GPU whose facts could not be read (NVML lost, an unknown error): every fact None and the
     error kept, so the spec check names it as a finding on that rank."""
     row = {"node": node, "rank": rank, "gpu": None, "uuid": "", "driver_version": None}
+    row.update(fabric.node_facts(None))
     row.update(dict.fromkeys(_FROM_GPU))
     row["nvml_errors"] = {"GPU facts": error}
     return row
@@ -138,7 +151,8 @@ def node_facts(rows: Sequence[Mapping[str, Any]], skipped: int = 0) -> dict[str,
     """The node-wide facts of one node's rows: its GPU count (with the `skipped` GPUs a job was using, which the
     run left alone: there, not measured), and its driver (the first that answered)."""
     drivers = [r.get("driver_version") for r in rows if r.get("driver_version")]
-    return {"gpu_count": len(rows) + skipped, "driver_version": drivers[0] if drivers else None}
+    network = {f: next((r[f] for r in rows if r.get(f) is not None), None) for f in fabric.node_facts(None)}
+    return {"gpu_count": len(rows) + skipped, "driver_version": drivers[0] if drivers else None, **network}
 
 
 def key_of(rows: Sequence[Mapping[str, Any]], skipped: int = 0) -> dict[str, Any]:
@@ -342,7 +356,7 @@ def judge_spec(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], skipp
     node = node_facts(rows, skipped)
     for rule in RULES:
         want = expect.get(rule.field)
-        if want is None:
+        if want is None or rule.judged_by:
             continue
         if not rule.per_gpu:
             found = node[rule.field]

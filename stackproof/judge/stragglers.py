@@ -9,11 +9,14 @@ import statistics
 from collections.abc import Sequence
 
 
-def late_ranks(seconds: Sequence[float | None], tolerance: float) -> dict:
+def late_ranks(seconds: Sequence[float | None], tolerance: float, shares: Sequence[int] | None = None) -> dict:
     """Ranks whose time is more than `tolerance` above the median of the other ranks' times. A rank without a
-    time (its own measurement failed, which it says itself) is neither judged nor a reference. Returns
-    {"median": of every time (for the record), "slow": [{"rank", "found", "reference", "ratio"}]}."""
-    known = {rank: s for rank, s in enumerate(seconds) if s is not None}
+    time (its own measurement failed, which it says itself) is neither judged nor a reference. `shares`: per
+    rank, the ranks that ran their work on its GPU at once (emulated nodes, judge/sharing.py): its time is
+    divided by that, the time its GPU would take for it alone. Returns {"median": of every time (for the
+    record), "slow": [{"rank", "found", "reference", "ratio"}]}."""
+    shares = shares or [1] * len(seconds)
+    known = {rank: s / max(1, shares[rank]) for rank, s in enumerate(seconds) if s is not None}
     if not known:
         return {"median": None, "slow": []}
     slow = []

@@ -12,6 +12,7 @@ from stackproof.errors import ConfigError
 from stackproof.files import folder_problem
 from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
 from stackproof.measure.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
+from stackproof.measure.fabric import SYSFS
 from stackproof.measure.health import KERNEL_LOG
 from stackproof.measure.topology import PCI_DEVICES
 from stackproof.run import launch_env
@@ -66,6 +67,14 @@ class ValidateConfig(Settings):
                                          "last look; keep it between runs (the DaemonSet: a hostPath) (default: "
                                          f"{STATE_UNDER_REPORTS} under --reports)", metavar="DIR", check=not_blank,
                                    env=STATE_DIR_ENV)
+    sysfs: str = option(SYSFS, "where sysfs is mounted: the NICs (class/infiniband, class/net), nvidia_peermem "
+                               "(module/) and the PCI paths between GPUs and NICs are read there", metavar="DIR")
+    max_link_downed: int = option(3, "times an RDMA port's link may have gone down (its link_downed counter) before "
+                                     "it is a flapping link", metavar="N", check=at_least(0))
+    emulated_nodes: bool = option(False, "test only: the nodes of this run are emulated on one machine (one launcher "
+                                         "per node, a distinct NCCL_HOSTID each: docs/launchers.md) and share its "
+                                         "GPUs; per-GPU checks then run once per GPU, and no bar is derived from "
+                                         "NICs the emulated links do not cross", env="STACKPROOF_EMULATED_NODES")
     nproc: int = option(2, "CPU ranks when no GPU is visible", metavar="N", check=at_least(1))
     tier: str = option("full", "full: every check; fast: host, GPU identity and health, the per-GPU "
                                "checks and the local GPU pair matrix; burn: the fast tier, then every GPU "
