@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from stackproof.judge import burn as rules
+from stackproof.judge import per_gpu
 from stackproof.judge.health import nvml_error_finding
-from stackproof.measure import burn, gpu_proof, health, topology
+from stackproof.measure import burn, health, topology
 
 pytestmark = [pytest.mark.burn]
 
@@ -92,7 +93,7 @@ def _soak(state, dist_env, settings, report):
     figures = rules.sustained(samples)
     model = _model(dist_env)
     peers = dist_env.agree({"model": model, "value": figures["last"]}, "the sustained throughputs",
-                           decide=functools.partial(gpu_proof.below_median_by_model, tolerance=settings.gpu_spread))
+                           decide=functools.partial(per_gpu.below_median_by_model, tolerance=settings.gpu_spread))
     row = {"host": HOST, "rank": dist_env.rank, "gpu": index, "uuid": uuid, "model": model}
     sag = settings.burn_sag if settings.burn_sag is not None else (rules.SAG_GPU if dist_env.is_gpu else None)
     bars_row = {**row, "bar_tflops": None if bar is None or bar.value is None else round(bar.value / 1e12, 1),

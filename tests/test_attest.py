@@ -222,7 +222,7 @@ def test_verdict_and_the_page_show_the_attestation(attested, runs, images, capsy
     assert code == 0
     assert said.splitlines()[0] == f"# stackproof: {attest.record_line(attested['proven'])}"
     assert said.splitlines()[-2].startswith("# Verdict: OK")
-    html = page.write([runs["passed"]], tmp_path / "page.html").read_text()
+    html = page.write([runs["passed"]], tmp_path / "page.html")[0].read_text()
     assert images["proven"]["pinned"] in html and "PASSED for gpu=none;gpus=0" in html
 
 

@@ -73,7 +73,7 @@ def launch(tmp_path, *pythonpath: Path) -> tuple[subprocess.CompletedProcess, di
 def test_this_gpu_less_machine_is_a_missing_runtime_not_a_broken_node(tmp_path):
     proc, report = launch(tmp_path)
     assert proc.returncode == Exit.NO_GPU, proc.stdout
-    (finding,) = report["context"]["findings"]
+    (finding,) = report["findings"]
     assert (finding["check"], finding["category"]) == ("NVIDIA runtime", "configuration")
     assert "NVIDIA runtime: NVML: " in proc.stdout and "runtimeClassName nvidia" in proc.stdout
 
@@ -81,5 +81,5 @@ def test_this_gpu_less_machine_is_a_missing_runtime_not_a_broken_node(tmp_path):
 def test_a_cpu_only_torch_is_configuration(tmp_path):
     proc, report = launch(tmp_path, CPU_ONLY_TORCH)
     assert proc.returncode == Exit.NO_GPU, proc.stdout
-    (finding,) = report["context"]["findings"]
+    (finding,) = report["findings"]
     assert (finding["check"], finding["found"]) == ("torch's CUDA build", "torch 2.11.0+cpu is a CPU-only build")

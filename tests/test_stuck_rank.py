@@ -130,6 +130,6 @@ def test_a_stalled_survey_ends_the_run_with_a_finding_not_a_hang(tmp_path):
     stalled = topology.Inventory("n/a", "n/a", [], stalled="NVML did not answer within 10 s")
     out = io.StringIO()
     assert visibility.hardware_verdict(settings, stalled, 0, out).exit_code == Exit.FAILED
-    (finding,) = json.loads((tmp_path / "report.json").read_text())["context"]["findings"]
+    (finding,) = json.loads((tmp_path / "report.json").read_text())["findings"]
     assert (finding["check"], finding["category"]) == ("NVML answers", "gpu-hardware")
     assert "NVML did not answer within 10 s" in out.getvalue()
