@@ -254,8 +254,12 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
     errors: dict[str, str] = {}
     # The host's part of the data check (writing and reading 512 MiB on the CPU) is done outside the turns.
-    copies, error = _local(lambda: gpu_proof.HostCopies(dist_env.device, patterns.seed_of("pcie", dist_env.rank,
-                                                                                          gpu.uuid)))
+    # Pinned memory from the GPU's own NUMA node: memory of the other node reads at a fraction of the link's rate
+    # (a healthy H200 read 39-44 GB/s instead of 55 from it), which says nothing of the GPU or its link.
+    with topology.near(gpu.pci_bus_id, settings.pci_devices) as cpus:
+        copies, error = _local(lambda: gpu_proof.HostCopies(dist_env.device, patterns.seed_of("pcie", dist_env.rank,
+                                                                                              gpu.uuid)))
+    report.figure("host_memory", "the GPU's NUMA node" if cpus else "where the rank runs (sysfs names no NUMA node)")
     if copies is not None:
         _, error = _local(copies.prepare)
 
@@ -265,7 +269,17 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
             # An idle link drops its generation to save power: read it while the copies run over it.
             h2d, link, wrong = copies.to_device(
                 during=lambda: health.pcie_link_under_load(nvml, handle, errors, gpu))
-        return h2d, copies.to_host(), link, wrong
+        d2h = copies.to_host()
+        # A copy below its bar is timed again and the best counts: the host's other work can slow a copy, a
+        # narrow or down-trained link never speeds one up.
+        for _ in range(gpu_proof.COPY_TRIES - 1):
+            if bar.value is None or min(h2d, d2h) >= bar.value:
+                break
+            copies.prepare()  # the device-to-host copy wrote over the host's pattern
+            again, _, wrong_again = copies.to_device()
+            h2d, wrong = max(h2d, again), wrong or wrong_again
+            d2h = max(d2h, copies.to_host())
+        return h2d, d2h, link, wrong
 
     # The GPUs of a node may share a PCIe switch's uplink: each measures in turn, so a bar on its own link holds.
     measured = None

@@ -4,6 +4,7 @@ digest chain, the cross-rank decisions, and every NVML failure path of topology.
 NVML cannot run without an NVIDIA driver, so each NVML test hands in `FakeNvml`: the real nvidia-ml-py module's
 constants and exception classes, with one GPU's answers in place of the driver's."""
 
+import os
 from pathlib import Path
 
 import pynvml
@@ -372,3 +373,25 @@ def test_a_link_ramping_up_from_idle_is_not_downtrained_but_one_that_stays_low_i
     stuck = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=4)
     gen, width = health.pcie_link_under_load(stuck, "h", {}, gpu, pause_s=0)
     assert hardware.pcie_under_load(gpu, gen, width).found == "gen4 x16 while copying (downtrained)"
+
+
+def _gpu_with_local_cpus(root: Path, cpulist: str) -> str:
+    (root / "0000:17:00.0").mkdir(parents=True)
+    (root / "0000:17:00.0" / "local_cpulist").write_text(cpulist + "\n")
+    return "00000000:17:00.0"
+
+
+def test_host_copies_allocate_on_the_gpus_numa_node_and_the_thread_goes_back(tmp_path):
+    mine = sorted(os.sched_getaffinity(0))
+    gpu = _gpu_with_local_cpus(tmp_path, f"{mine[-1]}-{mine[-1]},{max(mine) + 64}")  # one CPU of ours, one not
+    with topology.near(gpu, str(tmp_path)) as cpus:
+        assert cpus == {mine[-1]} and os.sched_getaffinity(0) == {mine[-1]}
+    assert sorted(os.sched_getaffinity(0)) == mine
+
+
+def test_no_numa_node_in_sysfs_leaves_the_thread_where_it_runs(tmp_path):
+    before = os.sched_getaffinity(0)
+    foreign = _gpu_with_local_cpus(tmp_path, str(max(before) + 64))
+    for gpu, root in ((None, str(tmp_path)), ("00000000:99:00.0", str(tmp_path)), (foreign, str(tmp_path))):
+        with topology.near(gpu, root) as cpus:
+            assert cpus is None and os.sched_getaffinity(0) == before

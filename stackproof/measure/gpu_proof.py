@@ -95,6 +95,9 @@ def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup:
     return 2 * nbytes / seconds, patterns.first_wrong(dst, seed)
 
 
+COPY_TRIES = 3  # host<->device copies timed at most this many times while below their bar; the best counts
+
+
 class HostCopies:
     """Host <-> device bandwidth one way at a time, from page-locked host memory (what DataLoader pin_memory
     uses), with what arrived checked: host-to-device carries the pattern of `seed` (written on the CPU, checked

@@ -189,6 +189,39 @@ def pcie_width_capability(pci_bus_id: str | None, pci_root: str = PCI_DEVICES) -
     return _sysfs_int(Path(pci_root) / sysfs_name(pci_bus_id) / "max_link_width")
 
 
+def local_cpus(pci_bus_id: str | None, pci_root: str = PCI_DEVICES) -> set[int] | None:
+    """The CPUs of the GPU's own NUMA node (sysfs local_cpulist, e.g. "0-15,32-47"); None where sysfs does not
+    say or none of them is this process's to run on."""
+    if not pci_bus_id:
+        return None
+    try:
+        text = (Path(pci_root) / sysfs_name(pci_bus_id) / "local_cpulist").read_text().strip()
+        cpus = set()
+        for part in filter(None, text.split(",")):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except (OSError, ValueError):
+        return None
+    return (cpus & os.sched_getaffinity(0)) or None
+
+
+@contextlib.contextmanager
+def near(pci_bus_id: str | None, pci_root: str = PCI_DEVICES) -> Iterator[set[int] | None]:
+    """This thread runs on the GPU's NUMA node inside the block (so pinned memory it allocates is the GPU's
+    local memory, as a launcher with NUMA binding gives a training rank), then where it ran before."""
+    cpus, before = local_cpus(pci_bus_id, pci_root), os.sched_getaffinity(0)
+    try:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    except OSError:  # a cgroup that changed under us: measure where the thread runs, as without sysfs
+        cpus = None
+    try:
+        yield cpus
+    finally:
+        if cpus:
+            os.sched_setaffinity(0, before)
+
+
 def nvidia_gpus_on_bus(pci_root: str = PCI_DEVICES) -> list[str] | None:
     """The PCI addresses of the NVIDIA display and 3D controllers on the bus (sysfs); None when no PCI bus is
     visible here (a container without /sys, or a machine without PCI)."""
