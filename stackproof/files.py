@@ -114,6 +114,20 @@ def output_problem(what: str, example: str) -> Callable[[Any], str | None]:
     return check
 
 
+def load_problem(load: Callable[[str], Any], flag: str) -> Callable[[str | None], str | None]:
+    """A loader as a settings check (settings.option(check=...)): the file's first problem, or None, so a bad
+    --spec or --baseline exits 2 before any rank starts."""
+    def check(path: str | None) -> str | None:
+        if path is None:
+            return None
+        try:
+            load(path)
+        except ConfigError as err:
+            return str(err).removeprefix(f"{flag} ")
+        return None
+    return check
+
+
 def folder_problem(value: Any) -> str | None:
     """A settings check for a folder the run writes into (--reports): it, and the nearest path above it that
     exists, must be folders, not files. Checked with the setting, so a bad value is blamed on where it came from

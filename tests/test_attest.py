@@ -22,7 +22,7 @@ from pathlib import Path
 
 import oci_support
 import pytest
-from test_registry import _registry_problem
+from test_registry import registry_prefix
 
 from stackproof import cli
 from stackproof.errors import ConfigError
@@ -40,14 +40,7 @@ GATE = REPO_ROOT / "scripts" / "slurm" / "image-gate.sh"
 
 @pytest.fixture(scope="module")
 def registry() -> str:
-    address = os.environ.get("STACKPROOF_TEST_REGISTRY", "127.0.0.1:5000")
-    problem = _registry_problem(address)
-    if problem:
-        message = f"needs a registry, skopeo and cosign ({problem}); scripts/ci/registry.sh sets them up"
-        if os.environ.get("STACKPROOF_REQUIRE_REGISTRY") == "1":
-            pytest.fail(f"STACKPROOF_REQUIRE_REGISTRY=1 but {message}")
-        pytest.skip(message)
-    return f"{address}/stackproof-attest-{uuid.uuid4().hex[:8]}"
+    return registry_prefix("attest")
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,14 @@ here, or a journalctl put first on PATH (a real process at the boundary). No tor
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import stat
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from replay_support import install_replay
 
 from stackproof.act import policy
 from stackproof.judge import health as rules
@@ -23,7 +22,6 @@ from stackproof.measure import health, topology, watermark
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDING = json.loads((FIXTURES / "nvml" / "h200.json").read_text())
-REPLAY = Path(__file__).parent / "nvml_replay" / "pynvml.py"
 SYSFS = str(FIXTURES / "sysfs" / "h200-vm")
 PCI = "0000:00:06"  # the recorded H200's address, as the driver prints it
 REPLAY_COUNTER, RECOVERY_COUNTER = 0, 1  # NVML_NVLINK_ERROR_DL_REPLAY, NVML_NVLINK_ERROR_DL_RECOVERY
@@ -44,13 +42,7 @@ def look(monkeypatch, tmp_path):
                 counters[json.dumps([link, counter])] = 0
         counters[json.dumps([5, REPLAY_COUNTER])] = replays
         counters[json.dumps([5, RECOVERY_COUNTER])] = recoveries
-        path = tmp_path / f"recording{len(list(tmp_path.glob('recording*')))}.json"
-        path.write_text(json.dumps(recording))
-        monkeypatch.setenv("NVML_REPLAY", str(path))
-        spec = importlib.util.spec_from_file_location("pynvml", REPLAY)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        monkeypatch.setitem(sys.modules, "pynvml", module)
+        install_replay(monkeypatch, tmp_path, recording)
         with topology.nvml_session() as nvml:
             handle = nvml.nvmlDeviceGetHandleByIndex(0)
             gpu = topology.read_gpu(nvml, 0, SYSFS)

@@ -6,13 +6,12 @@ recorded reading, as a broken GPU would answer. No torch, no GPU."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from replay_support import install_replay
 
 from stackproof.act import policy
 from stackproof.judge import bars, hardware
@@ -22,7 +21,6 @@ from stackproof.run import visibility
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDING = json.loads((FIXTURES / "nvml" / "h200.json").read_text())
-REPLAY = Path(__file__).parent / "nvml_replay" / "pynvml.py"
 SYSFS = str(FIXTURES / "sysfs" / "h200-vm")
 QUIET_LOG = str(FIXTURES / "kmsg" / "h200-healthy.log")
 XID79_LOG = str(FIXTURES / "kmsg" / "h200-xid79.log")
@@ -61,16 +59,7 @@ def with_nvlinks(recording: dict, down: tuple[int, ...] = (), links: int = H200_
 @pytest.fixture
 def replay(monkeypatch, tmp_path):
     """Install the fake pynvml answering from a (possibly altered) recording; returns the module."""
-    def install(recording: dict):
-        path = tmp_path / f"recording{len(list(tmp_path.glob('recording*')))}.json"
-        path.write_text(json.dumps(recording))
-        monkeypatch.setenv("NVML_REPLAY", str(path))
-        spec = importlib.util.spec_from_file_location("pynvml", REPLAY)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        monkeypatch.setitem(sys.modules, "pynvml", module)
-        return module
-    return install
+    return lambda recording: install_replay(monkeypatch, tmp_path, recording)
 
 
 def inventory(replay, recording: dict | None = None) -> topology.Inventory:

@@ -6,12 +6,11 @@ drain on every run (cf. NVIDIA/NVSentinel#1481). Replayed beneath stackproof; no
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from replay_support import install_replay
 
 from stackproof.act import policy
 from stackproof.judge import bars, hardware
@@ -19,7 +18,6 @@ from stackproof.measure import topology
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PCIE_CARDS = json.loads((FIXTURES / "nvml" / "h100-pcie-no-bridge.json").read_text())
-REPLAY = Path(__file__).parent / "nvml_replay" / "pynvml.py"
 SYSFS = str(FIXTURES / "sysfs" / "h200-vm")
 
 
@@ -27,13 +25,7 @@ SYSFS = str(FIXTURES / "sysfs" / "h200-vm")
 def gpus(monkeypatch, tmp_path):
     """gpus(recording): the node's GPUs as topology.inventory reads them from the replayed recording."""
     def read(recording: dict) -> list[topology.Gpu]:
-        path = tmp_path / f"recording{len(list(tmp_path.glob('recording*')))}.json"
-        path.write_text(json.dumps(recording))
-        monkeypatch.setenv("NVML_REPLAY", str(path))
-        spec = importlib.util.spec_from_file_location("pynvml", REPLAY)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        monkeypatch.setitem(sys.modules, "pynvml", module)
+        install_replay(monkeypatch, tmp_path, recording)
         return topology.inventory(SYSFS).gpus
     return read
 

@@ -49,9 +49,9 @@ def _registry_problem(address: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def registry(docker_engine) -> str:
-    """REGISTRY for make push: the running registry + a prefix of this session's own."""
+def registry_prefix(name: str) -> str:
+    """The running registry + a prefix of this test session's own, or a skip (a failure under
+    STACKPROOF_REQUIRE_REGISTRY=1) naming what is missing."""
     address = os.environ.get("STACKPROOF_TEST_REGISTRY", "127.0.0.1:5000")
     problem = _registry_problem(address)
     if problem:
@@ -59,7 +59,13 @@ def registry(docker_engine) -> str:
         if os.environ.get("STACKPROOF_REQUIRE_REGISTRY") == "1":
             pytest.fail(f"STACKPROOF_REQUIRE_REGISTRY=1 but {message}")
         pytest.skip(message)
-    return f"{address}/stackproof-test-{uuid.uuid4().hex[:8]}"
+    return f"{address}/stackproof-{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def registry(docker_engine) -> str:
+    """REGISTRY for make push."""
+    return registry_prefix("test")
 
 
 @pytest.fixture(scope="session")

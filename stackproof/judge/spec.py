@@ -306,15 +306,7 @@ def load(path: str | Path) -> dict[str, Any]:
     return parse(data, str(path))
 
 
-def problem(path: str | None) -> str | None:
-    """For the settings' check: the file's first problem, or None."""
-    if path is None:
-        return None
-    try:
-        load(path)
-    except ConfigError as err:
-        return str(err).removeprefix("--spec ")
-    return None
+problem = files.load_problem(load, "--spec")  # for the settings' check
 
 
 # Judging a node.

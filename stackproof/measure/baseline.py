@@ -109,14 +109,6 @@ def load(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def problem(path: str | None) -> str | None:
-    """For the settings' check: the file's first problem, or None."""
-    if path is None:
-        return None
-    try:
-        load(path)
-    except ConfigError as err:
-        return str(err).removeprefix("--baseline ")
-    return None
+problem = files.load_problem(load, "--baseline")  # for the settings' check
 
 
