@@ -1,7 +1,8 @@
 """Pairwise bandwidth: every pair of local GPUs (a matrix, as nvbandwidth prints it) against the pair's NVML link,
 and every pair of nodes (round-robin, then suspects re-paired with nodes that passed), so that a slow GPU pair, node
-or link is named rather than a slow job. Nothing is named from one measurement: suspects and slow pairs are measured
-again first. stackproof/measure/pairwise.py has the schedule and the decision."""
+or link is named rather than a slow job; between nodes also a lossy one (TCP's retransmissions while they exchange).
+Nothing is named from one measurement: suspects and slow pairs are measured again first. stackproof/measure/
+pairwise.py measures on a schedule; stackproof/judge/pairwise.py decides."""
 
 import pytest
 import torch.distributed as dist
@@ -189,11 +190,12 @@ def test_node_pairs(layout, dist_env, settings, report):
     _own_figure(report, first, nbytes)
     _delivered_intact(report, dist_env, settings, first + second)
     _blame(report, dist_env, verdict)
-    _no_pass_without_a_bar(verdict)
+    _no_pass_without_a_bar(verdict, "; packet loss judged from TCP's counters: none" if verdict["loss_judged"]
+                           else "")
 
 
-def _no_pass_without_a_bar(verdict) -> None:
+def _no_pass_without_a_bar(verdict, also: str = "") -> None:
     """Pairs that answered but had no bar to be held to were measured, not judged: SKIP, saying why. (A pair
     that never answered fails without one, in _blame.)"""
     if verdict["bar"] is None:
-        pytest.skip(f"measured, not judged: no bar for the pairs ({verdict['source']})")
+        pytest.skip(f"measured, not judged: no bar for the pairs ({verdict['source']}){also}")

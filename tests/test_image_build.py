@@ -75,7 +75,7 @@ def test_the_image_carries_what_nccls_ib_transport_loads(built):
               "v.ibv_get_device_list.restype = ctypes.c_void_p; v.ibv_get_device_list(ctypes.byref(n)); "
               "print('devices', n.value)\" && (ibv_devinfo -l || true)", entrypoint="")
     lines = out.splitlines()
-    assert lines[:len(packages)] == list(packages), out
+    assert sorted(lines[:len(packages)]) == sorted(packages), out  # dpkg-query lists them in its own order
     assert int(lines[len(packages)]) >= 5, out  # mlx5, efa, bnxt_re, ... providers
     assert "devices 0" in out, out
 

@@ -86,3 +86,73 @@ def test_local_pairs_against_their_nvml_links_name_the_slow_pair():
     assert verdict["findings"] == ["gpu-a: GPU 1 <-> GPU 2 (NVLink): 5.00 GB/s, 5.00 GB/s again; bar 50.0 GB/s "
                                    "(slow pair)"]
     assert [r["slow"] for r in verdict["rows"]] == [False, False, True] and verdict["slowest"] == 5.0
+
+
+# --- packet loss, from TCP's counters (each end's namespace: a lossy node resends on its sends, its peers on theirs)
+
+def lossy_values(resent: dict[tuple[int, int], int], nodes: int, sent: int = 10_000) -> list[dict]:
+    """Every pair at 10 GB/s; each end of pair (a, b) counted `sent` segments and resent[(a, b)] of them again."""
+    values = node_values({(a, b): 10.0 for a in range(nodes) for b in range(a + 1, nodes)}, nodes)
+    for rank, value in enumerate(values):
+        for ex in value["exchanges"]:
+            ex.update(tcp_sent=sent, tcp_retransmitted=resent.get((min(rank, ex["peer"]), max(rank, ex["peer"])), 0))
+    return values
+
+
+def test_a_lossy_node_among_three_is_named_though_no_pair_is_slow():
+    """ns1 of the CI's namespaces drops 5 % of its packets each way: its two pairs resend, the third is clean;
+    with no bandwidth bar at all (CPU ranks) the loss is still judged."""
+    first, retests = blame.node_first_pass(lossy_values({(0, 1): 600, (1, 2): 550}, 3), 1, MB, None, None, NONE)
+    assert first.bar.gbps is None and retests == [[(0, 1)]]  # the suspect against a node that delivered cleanly
+    again = [[{**ex, "tcp_sent": 10_000, "tcp_retransmitted": 700} for ex in v["exchanges"]]
+             for v in lossy_values({(0, 1): 700}, 3)]
+    again = [[ex for ex in exs if {r, ex["peer"]} == {0, 1}] for r, exs in enumerate(again)]
+    verdict = blame.node_verdict(first, again, 1, MB)
+    assert verdict["named_nodes"] == ["n2"] and verdict["ranks"] == [1] and verdict["members_named"]
+    (finding,) = verdict["findings"]
+    assert finding.startswith("node n2: packets lost with every peer (with n1 1200 of 20000 TCP segments sent "
+                              "again (6.0%), with n3 1100 of 20000"), finding
+    assert finding.endswith("; a pair past 1% lost packets)")
+    first_rows = [row for row in verdict["rows"] if row["pass"] == "first"]
+    assert [row["tcp_segments"] for row in first_rows] == [{"sent": 20000, "resent": 1200},
+                                                           {"sent": 20000, "resent": 0},
+                                                           {"sent": 20000, "resent": 1100}]
+
+
+def test_one_lossy_link_among_four_names_the_link_and_a_clean_run_nothing():
+    first, retests = blame.node_first_pass(lossy_values({(1, 3): 400}, 4), 1, MB, None, None, NONE)
+    assert retests == [[(1, 3)]]
+    verdict = blame.node_verdict(first, [[ex for ex in v["exchanges"] if ex["peer"] in (1, 3)] if r in (1, 3) else []
+                                         for r, v in enumerate(lossy_values({(1, 3): 450}, 4))], 1, MB)
+    assert verdict["named_links"] == [["n2", "n4"]] and verdict["named_nodes"] == [] and verdict["ranks"] == [1, 3]
+    assert verdict["findings"] == ["link n2 <-> n4: 800 of 20000 TCP segments sent again (4.0%) and 900 of 20000 "
+                                   "TCP segments sent again (4.5%) again, both nodes fine with others (a pair past "
+                                   "1% lost packets)"]
+    clean, retests = blame.node_first_pass(lossy_values({(0, 1): 9, (2, 3): 150}, 4, sent=100_000), 1, MB, None,
+                                           None, NONE)
+    assert retests == []  # 9 resent is a burst; 150 of 200,000 is 0.075 %: both under the bar
+    assert blame.node_verdict(clean, [[]] * 4, 1, MB)["findings"] == []
+
+
+def test_counters_that_could_not_be_read_judge_nothing():
+    values = node_values({(0, 1): 10.0, (0, 2): 10.0, (1, 2): 10.0}, 3)
+    first, _ = blame.node_first_pass(values, 1, MB, None, None, NONE)
+    verdict = blame.node_verdict(first, [[]] * 3, 1, MB)
+    assert first.segments == {} and not verdict["loss_judged"] and verdict["findings"] == []
+
+
+def test_a_lossy_nodes_slow_pairs_are_its_own_not_links():
+    """The lossy node's pairs are slower too (TCP resending): the slow rule alone would name a link of it; the node
+    named for its loss explains them."""
+    values = lossy_values({(0, 1): 600, (1, 2): 550}, 3)
+    for rank, value in enumerate(values):
+        for ex in value["exchanges"]:
+            if {rank, ex["peer"]} == {0, 1}:
+                ex["seconds"] *= 20  # 0.5 GB/s against 10
+    first, retests = blame.node_first_pass(values, 1, MB, 0.75, None, NONE)
+    assert retests == [[(0, 1)]]  # the slow pair and the lossy suspect's re-test: one exchange
+    again = [[{"peer": 1 - r, "seconds": 20 * MB / 10e9, "error": "", "tcp_sent": 10_000, "tcp_retransmitted": 650}]
+             if r in (0, 1) else [] for r in range(3)]
+    verdict = blame.node_verdict(first, again, 1, MB)
+    assert verdict["named_nodes"] == ["n2"] and verdict["named_links"] == [] and verdict["ranks"] == [1], verdict
+    assert len(verdict["findings"]) == 1 and verdict["findings"][0].startswith("node n2: packets lost")

@@ -1,8 +1,8 @@
 """Real links in CI, on one machine: three "nodes", each a network namespace with its own address, joined by veth
 pairs and a bridge (scripts/ci/netns.sh: no default route, 10.77.0.0/24 inside the namespaces only). A multi-node
 validate runs across them (CPU ranks, gloo on each node's eth0, the rendezvous at node 0's address), and one node's
-link is rate-limited both ways (tc tbf; this kernel has no netem, so no added delay).
-`pairwise::node_pairs` must name that node, and only it; the clean run passes.
+link is rate-limited both ways (tc tbf; this kernel has no netem, so no added delay), or drops 5 % of its packets
+each way (iptables -m statistic). `pairwise::node_pairs` must name that node, and only it; the clean run passes.
 
 Needs root and iproute2/iptables: skipped with the reason elsewhere, unless STACKPROOF_REQUIRE_NETNS=1 (CI).
 """
@@ -94,11 +94,13 @@ def test_a_clean_run_across_namespaces_passes(namespaces, tmp_path):
     assert report["context"]["pairwise_nodes"]["nodes"] == [] and report["context"]["pairwise_nodes"]["links"] == []
 
 
-# Random loss (netns.sh lossy, iptables -m statistic) is left out: on veth at microseconds of RTT TCP recovers a
-# lost packet at once; 5-12% loss each way cost 2-4x here (under the noise between clean pairs), 20-30% stalled
-# gloo past its timeout in half the runs: no rate named the node in every run on the 2-core CI host.
-@pytest.mark.parametrize(("how", "value"), [("slow", "50mbit")])
-def test_a_degraded_link_names_its_node_and_only_it(namespaces, tmp_path, how, value):
+# A rate limit is named by the pairs' bandwidth; random loss by TCP's retransmissions, counted in each node's
+# namespace while it exchanges (on veth TCP recovers a lost packet at once: 5 % loss each way costs 2-4x, under
+# the noise between clean CPU pairs on this 2-core host, so bandwidth alone could not name it).
+@pytest.mark.parametrize(("how", "value", "said"), [("slow", "50mbit", "node ns1: every pairing slow (with ns0 "),
+                                                    ("lossy", "0.05", "node ns1: packets lost with every peer "
+                                                                      "(with ns0 ")])
+def test_a_degraded_link_names_its_node_and_only_it(namespaces, tmp_path, how, value, said):
     made = _netns(how, "1", value)
     assert made.returncode == 0, made.stderr
     try:
@@ -107,10 +109,11 @@ def test_a_degraded_link_names_its_node_and_only_it(namespaces, tmp_path, how, v
         _netns("clean", "1")
     assert procs[0].returncode == 1, procs[0].stdout[-3000:]
     check = _node_pairs(report)
-    assert check["outcome"] == "failed" and check["failed_ranks"] == [1], check
+    assert check["outcome"] == "failed" and check["failed_ranks"] == [1], check["message"]
     assert report["context"]["pairwise_nodes"]["nodes"] == ["ns1"], report["context"]["pairwise_nodes"]
     assert report["context"]["pairwise_nodes"]["links"] == []
-    assert "node ns1: every pairing slow (with ns0 " in check["message"], check["message"]
-    slow = {(row["a"], row["b"]) for row in report["tables"]["pairwise_nodes"]
-            if row["pass"] == "first" and row["slow"]}
-    assert slow == {("ns0", "ns1"), ("ns1", "ns2")}, report["tables"]["pairwise_nodes"]
+    assert said in check["message"], check["message"]
+    if how == "slow":
+        slow = {(row["a"], row["b"]) for row in report["tables"]["pairwise_nodes"]
+                if row["pass"] == "first" and row["slow"]}
+        assert slow == {("ns0", "ns1"), ("ns1", "ns2")}, report["tables"]["pairwise_nodes"]

@@ -25,6 +25,14 @@ from typing import Any
 GB = 1e9
 Pair = tuple[int, int]
 
+# Packet loss, from TCP's own counters (gloo and NCCL's socket transport ride TCP): a pair whose segments had to be
+# sent again past LOSSY_SHARE lost packets on the way. A healthy link, even a congested one, stays well under 0.1 %;
+# at 1 % TCP's throughput has collapsed. Fewer than LOSSY_MIN_SEGMENTS resent segments is a burst, not a link.
+LOSSY_SHARE = 0.01
+LOSSY_MIN_SEGMENTS = 10
+# What localize() judges for loss: the share of segments delivered the first time (higher is better, as GB/s).
+DELIVERED_BAR = 1 - LOSSY_SHARE
+
 NOT_JUDGED = ("CPU ranks share this host's cores: their pair figures are reported above, not judged; pass "
               "--pair-tolerance or --min-pair-gbps to judge them")
 
@@ -168,6 +176,40 @@ def pair_figures(exchanges_by_rank: Sequence[Sequence[dict]], member_of: Callabl
 
 
 
+def pair_segments(exchanges_by_rank: Sequence[Sequence[dict]], member_of: Callable[[int], int]
+                  ) -> dict[Pair, tuple[int, int]]:
+    """Per member pair, the TCP segments (sent, retransmitted) while its ranks exchanged: each end's network
+    namespace once (the ranks of a node share it and meet the same peer node in a round: the most one of them
+    counted), both ends added. Pairs whose counters are unknown are left out."""
+    ends: dict[Pair, dict[int, tuple[int, int]]] = {}
+    for rank, exchanges in enumerate(exchanges_by_rank):
+        for ex in exchanges:
+            a, b = member_of(rank), member_of(ex["peer"])
+            if a == b or ex.get("tcp_sent") is None or ex.get("tcp_retransmitted") is None:
+                continue
+            counted = ends.setdefault((min(a, b), max(a, b)), {})
+            counted[a] = max(counted.get(a, (0, 0)), (ex["tcp_sent"], ex["tcp_retransmitted"]))
+    return {pair: (sum(s for s, _ in by_end.values()), sum(r for _, r in by_end.values()))
+            for pair, by_end in ends.items()}
+
+
+def delivered_first_time(segments: dict[Pair, tuple[int, int]]) -> dict[Pair, float]:
+    """The share of each pair's segments TCP did not send again (1.0 below LOSSY_MIN_SEGMENTS resent)."""
+    return {pair: 1.0 if resent < LOSSY_MIN_SEGMENTS or not sent else 1 - resent / sent
+            for pair, (sent, resent) in segments.items()}
+
+
+def _resent(counts: tuple[int, int] | None) -> str:
+    if counts is None:
+        return "not counted"
+    sent, resent = counts
+    return f"{resent} of {sent} TCP segments sent again ({resent / sent:.1%})" if sent else "no TCP segment sent"
+
+
+def _counted(counts: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if counts is None else {"sent": counts[0], "resent": counts[1]}
+
+
 # --- the blame: from every rank's exchanges to the pairs, bars, findings and rows the checks report -------------
 
 def _gbps(value: float | None) -> str:
@@ -287,17 +329,22 @@ class NodePass:
     rails: dict[Pair, list[dict]]
     bar: Bar
     names: list[str]
+    segments: dict[Pair, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def node_first_pass(values: Sequence[Mapping[str, Any]], per_node: int, nbytes: int, tolerance: float | None,
                     override: float | None, line: Bar) -> tuple[NodePass, list[list[Pair]]]:
     """Every rank's {"exchanges", "node"} -> the first pass over node pairs (each the slowest of its rails) and
-    the second pass's rounds of node pairs."""
+    the second pass's rounds of node pairs: the slow pairs' and the lossy pairs' (judged whatever the bandwidth
+    bar: TCP's counters do not depend on how busy the host is)."""
     nodes = len(values) // per_node
-    figures, rails = pair_figures([v["exchanges"] for v in values], lambda r: r // per_node, nbytes)
+    exchanges = [v["exchanges"] for v in values]
+    figures, rails = pair_figures(exchanges, lambda r: r // per_node, nbytes)
     bar = node_bar(figures, tolerance, override, line)
-    state = NodePass(figures, rails, bar, [values[n * per_node]["node"] for n in range(nodes)])
-    return state, second_pass(figures, bar.gbps)
+    segments = pair_segments(exchanges, lambda r: r // per_node)
+    state = NodePass(figures, rails, bar, [values[n * per_node]["node"] for n in range(nodes)], segments)
+    rounds = second_pass(figures, bar.gbps)
+    return state, rounds + [r for r in second_pass(delivered_first_time(segments), DELIVERED_BAR) if r not in rounds]
 
 
 def node_verdict(first: NodePass, again_exchanges: Sequence[Sequence[dict]], per_node: int,
@@ -307,6 +354,14 @@ def node_verdict(first: NodePass, again_exchanges: Sequence[Sequence[dict]], per
     again, _ = pair_figures(again_exchanges, lambda r: r // per_node, nbytes)
     figures, bar, names = first.figures, first.bar, first.names
     verdict = localize(figures, again, bar.gbps)
+    again_segments = pair_segments(again_exchanges, lambda r: r // per_node)
+    lossy = localize(delivered_first_time(first.segments), delivered_first_time(again_segments), DELIVERED_BAR)
+    # A node named by either rule explains its pairs under the other (a lossy node's pairs are slow too): its
+    # pairs are not named as links.
+    named = set(verdict["members"]) | set(lossy["members"])
+    for rule in (verdict, lossy):
+        for kind in ("links", "unresolved"):
+            rule[kind] = [p for p in rule[kind] if not set(p) & named]
 
     def pairings(m: int) -> str:
         return ", ".join(f"with {names[b if a == m else a]} {_gbps(g)}" for (a, b), g in {**figures, **again}.items()
@@ -320,13 +375,33 @@ def node_verdict(first: NodePass, again_exchanges: Sequence[Sequence[dict]], per
     findings += [f"{names[a]} <-> {names[b]}: {_gbps(figures[(a, b)])} (bar {bar.gbps} GB/s); no node passed "
                  "to re-test against, so a slow node and a slow link cannot be told apart" for a, b in
                  verdict["unresolved"]]
-    blamed = set(verdict["members"]) | {n for p in verdict["links"] + verdict["unresolved"] for n in p}
+
+    def exchanged(m: int) -> str:
+        return ", ".join(f"with {names[b if a == m else a]} {_resent(counts)}"
+                         for (a, b), counts in [*first.segments.items(), *again_segments.items()] if m in (a, b))
+
+    bar_said = f"a pair past {LOSSY_SHARE:.0%} lost packets"
+    findings += [f"node {names[m]}: packets lost with every peer ({exchanged(m)}; {bar_said})"
+                 for m in lossy["members"]]
+    findings += [f"link {names[a]} <-> {names[b]}: {_resent(first.segments[(a, b)])}"
+                 f"{f' and {_resent(again_segments[(a, b)])} again' if (a, b) in again_segments else ''}, both "
+                 f"nodes fine with others ({bar_said})" for a, b in lossy["links"]]
+    findings += [f"{names[a]} <-> {names[b]}: {_resent(first.segments[(a, b)])} ({bar_said}); no node passed to "
+                 "re-test against, so a lossy node and a lossy link cannot be told apart" for a, b in
+                 lossy["unresolved"]]
+    blamed = {m for named in (verdict, lossy) for m in named["members"]}
+    blamed |= {n for named in (verdict, lossy) for p in named["links"] + named["unresolved"] for n in p}
     rows = [{"a": names[a], "b": names[b], "pass": "first", "gbps": _rounded(g), "bar_gbps": bar.gbps,
-             "slow": is_slow(g, bar.gbps), "rails": first.rails[(a, b)]} for (a, b), g in sorted(figures.items())]
+             "slow": is_slow(g, bar.gbps), "tcp_segments": _counted(first.segments.get((a, b))),
+             "rails": first.rails[(a, b)]}
+            for (a, b), g in sorted(figures.items())]
     rows += [{"a": names[a], "b": names[b], "pass": "retest", "gbps": _rounded(g), "bar_gbps": bar.gbps,
-              "slow": is_slow(g, bar.gbps)} for (a, b), g in sorted(again.items())]
+              "slow": is_slow(g, bar.gbps), "tcp_segments": _counted(again_segments.get((a, b)))}
+             for (a, b), g in sorted(again.items())]
+    members = sorted(set(verdict["members"]) | set(lossy["members"]))
+    links = sorted(set(verdict["links"]) | set(lossy["links"]))
     return {"findings": findings, "ranks": [r for r in range(len(again_exchanges)) if r // per_node in blamed],
-            "members_named": bool(verdict["members"]), "rows": rows, "names": names,
+            "members_named": bool(members), "rows": rows, "names": names,
             "figures": [[a, b, g] for (a, b), g in figures.items()], "bar": bar.gbps, "source": bar.source,
-            "named_nodes": [names[m] for m in verdict["members"]],
-            "named_links": [[names[a], names[b]] for a, b in verdict["links"]]}
+            "named_nodes": [names[m] for m in members], "named_links": [[names[a], names[b]] for a, b in links],
+            "loss_judged": bool(first.segments)}

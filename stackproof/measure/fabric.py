@@ -135,6 +135,31 @@ def read_ethernet(root: Path) -> list[EthernetNic]:
     return nics
 
 
+# TCP's counters of this process's network namespace (a node's, or its pod's): what gloo and NCCL's socket
+# transport send, and how much of it TCP had to send again (a link that drops packets).
+PROC_NET_SNMP = "/proc/net/snmp"
+
+
+@dataclasses.dataclass(frozen=True)
+class TcpSegments:
+    sent: int  # Tcp: OutSegs
+    retransmitted: int  # Tcp: RetransSegs
+
+    def since(self, before: TcpSegments) -> TcpSegments:
+        return TcpSegments(self.sent - before.sent, self.retransmitted - before.retransmitted)
+
+
+def tcp_segments(path: str | Path = PROC_NET_SNMP) -> TcpSegments | None:
+    """This network namespace's TCP segments sent and retransmitted so far; None where the kernel shows none."""
+    try:
+        header, values = [line.split()[1:] for line in Path(path).read_text().splitlines()
+                          if line.startswith("Tcp:")][:2]
+        fields = dict(zip(header, map(int, values), strict=True))
+        return TcpSegments(fields["OutSegs"], fields["RetransSegs"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def read(root: str | Path = SYSFS) -> Fabric:
     root = Path(root)
     ports, problems = read_ports(root)

@@ -41,7 +41,7 @@ from stackproof.judge.pairwise import (  # noqa: F401 (the decision, re-exported
     second_pass,
     suspects,
 )
-from stackproof.measure import patterns
+from stackproof.measure import fabric, patterns
 
 # --- the schedule --------------------------------------------------------------------------------------------
 
@@ -72,6 +72,10 @@ class Exchange:
     seconds: float | None  # per exchange; None: the peer never answered within the timeout
     error: str = ""
     wrong: dict | None = None  # the first wrong byte received from the peer (patterns.WrongBytes' fields)
+    # TCP segments this rank's network namespace sent, and sent again, while it exchanged (gloo and NCCL's
+    # sockets ride TCP; other ranks of the node are in the same round with the same peer node); None: unknown.
+    tcp_sent: int | None = None
+    tcp_retransmitted: int | None = None
 
 
 def exchange_seed(sender: int, receiver: int, salt: object = "") -> int:
@@ -106,6 +110,7 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
                 torch.cuda.synchronize(device)
             time.sleep(delay)
 
+    before = fabric.tcp_segments()
     try:
         for _ in range(warmup):
             once()
@@ -134,8 +139,11 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
             seconds = statistics.median(times)
     except (RuntimeError, TimeoutError) as err:
         return Exchange(peer, None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
+    after = fabric.tcp_segments()
+    tcp = after.since(before) if after and before else None
     wrong = patterns.first_wrong(recv, exchange_seed(peer, me, salt))
-    return Exchange(peer, seconds, wrong=None if wrong is None else dataclasses.asdict(wrong))
+    return Exchange(peer, seconds, wrong=None if wrong is None else dataclasses.asdict(wrong),
+                    tcp_sent=tcp and tcp.sent, tcp_retransmitted=tcp and tcp.retransmitted)
 
 
 def run_rounds(rounds: Sequence[Sequence[Pair]], me: int, rank_of: Callable[[int], int],
