@@ -192,12 +192,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _verdict(args: argparse.Namespace) -> int:
     from stackproof.report.attestation import read_record, record_line
-    from stackproof.run import settle
+    from stackproof.run import folders, settle
 
-    attested = read_record(args.reports)
+    reports = folders.current(args.reports)  # a folder that keeps its runs: the newest
+    attested = read_record(reports)
     if attested:  # before the table: the last two lines stay the verdict and the report's path
         print(f"# stackproof: {record_line(attested)}", flush=True)
-    return int(settle.conclude(args.reports, sys.stdout, launcher_exit=args.launcher_exit,
+    return int(settle.conclude(reports, sys.stdout, launcher_exit=args.launcher_exit,
                                interrupted=args.interrupted, timed_out_s=args.timed_out).exit_code)
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from stackproof.errors import Healthcheck
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +84,8 @@ def test_a_held_node_that_passes_is_released_and_a_failing_one_is_drained(cluste
         assert released.returncode == 0, released.stderr  # a job outside the reservation runs there now
         assert broken.returncode != 0, (broken_out, logs)
         n2 = next(text for name, text in logs.items() if name.startswith("n2-"))
-        assert "this node taken out of service (n2); exit 1" in n2 and "n2 did not pass" in n2, n2
+        assert f"this node taken out of service (n2); exit {int(Healthcheck.TAKEN_OUT)}" in n2, n2
+        assert "n2 did not pass" in n2, n2
         reasons = _slurm("sinfo", "--Node", "--noheader", "--format=%N|%E").stdout
         assert "n2|stackproof: burn::gemms_give_known_answers_throughout" in reasons, reasons
         assert "n1|none" in reasons, reasons

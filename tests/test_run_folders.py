@@ -85,6 +85,9 @@ def test_validate_three_times_keeps_the_newest_two(tmp_path):
     assert folders.current(tmp_path / "r") == runs[-1].resolve()
     assert (tmp_path / "r" / folders.LATEST / "stackproof.prom").exists()  # where node_exporter reads
     assert f"reports: {runs[-1]}" in proc.stdout
+    # Readers given the folder read its newest run: launchers' verdict (burn-in.sbatch), spec, report, act.
+    verdict = _run("verdict", "--reports", str(tmp_path / "r"), cwd=tmp_path)
+    assert verdict.returncode == 0 and f"# report: {runs[-1]}" in verdict.stdout, verdict.stdout[-2000:]
 
 
 def test_the_run_healthcheck_acted_on_outlives_later_runs(tmp_path):

@@ -24,7 +24,6 @@ from stackproof.judge.baseline import (
     summary,
 )
 from stackproof.report import record as report_module
-from stackproof.report.record import REPORT_FILE
 
 # The judgement's names that callers of the files use (stackproof baseline, the HTML page).
 __all__ = ["SCHEMA", "UNIT_BETTER", "entry_for", "key_of", "key_text", "keys_text", "load", "make", "per_rank_figures",
@@ -36,8 +35,7 @@ SCHEMA = "stackproof.baseline/1"
 def read_report(path: Path) -> dict[str, Any]:
     """A known-good report.json (or the reports folder holding one); anything else is refused, exit 2."""
     report = report_module.read_report(path)
-    path = path / REPORT_FILE if path.is_dir() else path
-    verdict.require_known_good(str(path), report, "baseline")
+    verdict.require_known_good(str(report_module.report_file(path)), report, "baseline")
     return report
 
 

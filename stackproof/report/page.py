@@ -17,7 +17,7 @@ from stackproof.errors import ConfigError, Exit
 from stackproof.judge import baseline
 from stackproof.report import fleet, nccl_tests
 from stackproof.report.attestation import read_record, record_line
-from stackproof.report.record import REPORT_FILE, read_report
+from stackproof.report.record import REPORT_FILE, read_report, report_file
 
 ATTESTATION = "_attestation"  # the page's own key for the record `stackproof attest` left beside a report
 
@@ -348,7 +348,7 @@ def render(runs: list[tuple[str, dict[str, Any]]],
 def missing_reports(paths: list[Path]) -> list[Path]:
     """The folders among `paths` that hold no report.json: a fleet's node whose run wrote none (the others
     are drawn; these are listed). A path that is not there at all is a typo, for `load` to refuse."""
-    return [path for path in paths if path.is_dir() and not (path / REPORT_FILE).exists()]
+    return [path for path in paths if path.is_dir() and not report_file(path).exists()]
 
 
 def write(paths: list[Path], output: Path, references: list[Path] = ()) -> tuple[Path, list[Path]]:

@@ -24,6 +24,7 @@ from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.judge import verdict as promise
 from stackproof.judge.findings import Finding
+from stackproof.run import folders
 
 # The record's shape (docs/report-format.md). 2: findings per rank (Check.findings, Report.findings), where 1 had
 # one category and severity per check.
@@ -50,10 +51,16 @@ SHAPE: dict[str, type | tuple[type, ...]] = {"exit_code": int, "settings": dict,
                                              "checks": list, "findings": list}
 
 
+def report_file(path: Path) -> Path:
+    """The report.json a path names: the file itself, or the one of a reports folder (its newest run when the
+    folder keeps its runs: healthcheck's, run/folders.py)."""
+    return folders.current(path) / REPORT_FILE if path.is_dir() else path
+
+
 def read_report(path: Path) -> dict[str, Any]:
     """A finished run's report.json (or the reports folder holding one), of this schema and shape; anything else:
     exit 2 with the fix. The one door every reader of report.json goes through (act, spec, baseline, report)."""
-    path = path / REPORT_FILE if path.is_dir() else path
+    path = report_file(path)
     fix = "fix: give report.json files written by `stackproof validate` of this stackproof (re-run it)"
     try:
         data = json.loads(path.read_text())
