@@ -234,13 +234,13 @@ def test_resnet_memory_per_rank_does_not_grow_with_the_world(tmp_path):
     """The synthetic data is made per sample on demand: a rank holds its batch, whatever the world size."""
     seen = {}
     for nproc in (2, 4):
-        proc, report = validate(tmp_path / str(nproc), "--nproc", str(nproc), "--train-batch", "32",
+        proc, report = validate(tmp_path / str(nproc), "--nproc", str(nproc), "--train-batch", "8",
                                 "--train-steps", "2", "--bench-steps", "1", "-k", "ddp and loss")
         assert proc.returncode == EXIT_OK, proc.stdout[-3000:]
         check = checks(report, "passed")["ddp_resnet::loss_is_finite_and_decreasing"]
         figures = [check["figures"], *check["rank_figures"].values()]
         seen[nproc] = {"input": {f["input_bytes"]["value"] for f in figures},
                        "rss": max(f["peak_rss"]["value"] for f in figures)}
-    assert seen[2]["input"] == seen[4]["input"] == {32 * 3 * 64 * 64 * 4 + 32 * 8}
+    assert seen[2]["input"] == seen[4]["input"] == {8 * 3 * 64 * 64 * 4 + 8 * 8}
     print(f"peak RSS per rank (MiB): 2 ranks {seen[2]['rss']}, 4 ranks {seen[4]['rss']}")
     assert seen[4]["rss"] <= seen[2]["rss"] * 1.05, seen
