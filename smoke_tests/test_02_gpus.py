@@ -6,9 +6,8 @@ import os
 import pytest
 import torch
 
-from stackproof.judge import hardware, sharing, software
+from stackproof.judge import expectation, hardware, sharing, software
 from stackproof.measure import identity, nics, topology
-from stackproof.run.visibility import FROM_THE_BUS, FROM_THE_SCHEDULER, expected_gpus, missing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fast]
 
@@ -30,7 +29,8 @@ def visible(inventory):
 def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     count = torch.cuda.device_count()
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
-    want, why = expected_gpus(settings.expect_gpus, os.environ, bus)
+    expected = expectation.expected_gpus(settings.expect_gpus, os.environ, bus)
+    want, why = expected.count, expected.why
     report.figure("gpus", count)
     report.figure("names", ",".join(sorted({g.name for g in visible})))
     report.figure("driver", inventory.driver_version)
@@ -40,11 +40,11 @@ def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
     # GPUs missing that the scheduler allocated or the PCI bus shows are the node's fault (act drains it); fewer
     # than a flag or a launch asked for may be the flag's or the launch's.
-    lost = count < want and (why.startswith(FROM_THE_SCHEDULER) or len(bus or []) >= want)
+    lost = expectation.lost_by_the_node(expected, count, len(bus or []))
     report.classify(*(hardware.GPUS_MISSING if lost else ("configuration", "triage")))
     assert count == len(visible), (f"torch.cuda.device_count() = {count}, but NVML shows {len(visible)} GPU(s) "
                                    f"visible (CUDA_VISIBLE_DEVICES={cvd}, NVML total {len(inventory.gpus)})")
-    gone = missing(bus or [], inventory) if FROM_THE_BUS in why else []
+    gone = topology.missing_from_nvml(bus or [], inventory) if expected.source == expectation.BUS else []
     assert count >= want, (f"expected >= {want} GPU(s) ({why}), found {count}: {[g.name for g in visible]}"
                            + (f"; on the bus but not to NVML: {', '.join(gone)}" if gone else ""))
 

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.images.locks import read_lock
 from stackproof.measure import pins
 
 WHEEL_LIBRARIES = [("nccl", "nvidia-nccl-cu"), ("cudnn", "nvidia-cudnn-cu")]
@@ -66,7 +65,7 @@ def test_installed_packages_match_the_lock(promise, report):
     if not lock or not Path(lock).exists():
         pytest.skip("no lock to compare with (stackproof images carry theirs at /etc/stackproof/lock.txt)")
     installed = pins.installed_versions()
-    locked = read_lock(Path(lock))[1]
+    locked = pins.locked_versions(Path(lock))
     wrong = [f"{name}: lock {version}, installed {installed.get(name, 'none')}"
              for name, version in locked.items() if installed.get(name) != version]
     report.figure("locked_packages", len(locked))

@@ -12,7 +12,6 @@ from stackproof.judge import fabric as network
 from stackproof.judge import pairwise as blame
 from stackproof.measure import fabric, identity, pairwise, patterns, topology
 from stackproof.run import faults
-from stackproof.run.config import PAIR_TOLERANCE_GPU
 
 MiB = 1 << 20
 pytestmark = pytest.mark.multi_rank
@@ -86,14 +85,6 @@ def _blame(report, dist_env, verdict) -> None:
         raise AssertionError("; ".join(verdict["findings"]))
 
 
-def _judged(settings, dist_env) -> float | None:
-    """The pair tolerance, or None: CPU ranks share the host's cores, so their pair figures are reported and judged
-    only when asked (--pair-tolerance or --min-pair-gbps), as their straggler timings are."""
-    if settings.pair_tolerance is not None:
-        return settings.pair_tolerance
-    return PAIR_TOLERANCE_GPU if dist_env.is_gpu or settings.min_pair_gbps is not None else None
-
-
 def _line_rate_bar(dist_env, settings, per_node) -> pairwise.Bar:
     """The node pairs' bar from the NICs' line rate (judge/fabric.py), on GPU ranks only: CPU ranks' exchanges
     are held back by the cores they share, not by the NIC."""
@@ -114,7 +105,7 @@ def test_local_pairs(layout, dist_env, settings, report):
     faults.stop_if_asked(settings, dist_env.rank)  # hang: its peers must name it, not wait for it
     nbytes = _nbytes(settings, dist_env)
     base = dist_env.node_rank * per_node
-    tolerance = _judged(settings, dist_env)
+    tolerance = settings.pair_tolerance_on(dist_env.is_gpu)
 
     def local(r):
         return base + r
@@ -166,7 +157,8 @@ def test_node_pairs(layout, dist_env, settings, report):
     kept = {}
 
     def plan(values):
-        kept["first"], retests = blame.node_first_pass(values, per_node, nbytes, _judged(settings, dist_env),
+        kept["first"], retests = blame.node_first_pass(values, per_node, nbytes,
+                                                       settings.pair_tolerance_on(dist_env.is_gpu),
                                                        settings.min_pair_gbps, line)
         return retests
 

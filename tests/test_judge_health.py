@@ -14,10 +14,9 @@ import pytest
 from replay_support import install_replay
 
 from stackproof.act import policy
-from stackproof.judge import bars, hardware
+from stackproof.judge import bars, expectation, hardware
 from stackproof.judge import health as rules
 from stackproof.measure import health, topology
-from stackproof.run import visibility
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDING = json.loads((FIXTURES / "nvml" / "h200.json").read_text())
@@ -91,7 +90,7 @@ def test_the_recorded_h200_has_no_findings(replay):
     assert result.readings["processes"] == "none" and result.readings["xids"] == "none"
     assert result.readings["kernel_log"] == QUIET_LOG and result.readings["memory_used_gib"] == 0.6
     found = topology.inventory(SYSFS)
-    assert found.unreachable == {} and visibility.missing(topology.nvidia_gpus_on_bus(SYSFS), found) == []
+    assert found.unreachable == {} and topology.missing_from_nvml(topology.nvidia_gpus_on_bus(SYSFS), found) == []
 
 
 def test_the_recorded_h200_under_load_is_green(replay):
@@ -283,26 +282,38 @@ def test_the_bus_says_how_many_gpus_are_expected(tmp_path):
     assert topology.nvidia_gpus_on_bus(SYSFS) == ["0000:00:06.0"]  # the VM's virtio and bridge functions are not
     assert topology.nvidia_gpus_on_bus(str(tmp_path / "absent")) is None
     two = topology.nvidia_gpus_on_bus(bus_with_two_gpus(tmp_path))
-    assert visibility.expected_gpus(None, {}, two)[0] == 2
-    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "all"}, two)[0] == 2
-    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, two)[0] == 1
-    assert visibility.expected_gpus(None, {"SLURM_GPUS_ON_NODE": "1"}, two)[0] == 1
-    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "0"}, two)[0] == 1
-    assert visibility.expected_gpus(0, {}, two)[0] == 0
-    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "void"}, two)[0] == 0
-    assert visibility.expected_gpus(None, {}, None)[0] == 0  # no bus visible: today's rule
-    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "all"}, None)[0] == 1
+    assert expectation.expected_gpus(None, {}, two).count == 2
+    assert expectation.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "all"}, two).count == 2
+    assert expectation.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, two).count == 1
+    assert expectation.expected_gpus(None, {"SLURM_GPUS_ON_NODE": "1"}, two).count == 1
+    assert expectation.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "0"}, two).count == 1
+    assert expectation.expected_gpus(0, {}, two).count == 0
+    assert expectation.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "void"}, two).count == 0
+    assert expectation.expected_gpus(None, {}, None).count == 0  # no bus visible: today's rule
+    assert expectation.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "all"}, None).count == 1
     # A list of devices expects every one of them (issue 25): a Prolog's job given 8 GPUs on a node that lost 7.
     eight = ",".join(map(str, range(8)))
-    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": eight}, two) == (8, f"CUDA_VISIBLE_DEVICES={eight}")
-    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c"}, None)[0] == 3
-    assert visibility.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c",
-                                           "CUDA_VISIBLE_DEVICES": "0,1"}, None)[0] == 2  # CUDA's choice within
-    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "0,-1,2"}, two)[0] == 1  # CUDA stops at -1
-    assert visibility.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "-1"}, two)[0] == 0
+    assert expectation.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": eight}, two) == expectation.Expected(
+        8, expectation.DEVICE_LIST, f"CUDA_VISIBLE_DEVICES={eight}")
+    assert expectation.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c"}, None).count == 3
+    assert expectation.expected_gpus(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c",
+                                            "CUDA_VISIBLE_DEVICES": "0,1"}, None).count == 2  # CUDA's choice within
+    assert expectation.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "0,-1,2"}, two).count == 1  # CUDA stops at -1
+    assert expectation.expected_gpus(None, {"CUDA_VISIBLE_DEVICES": "-1"}, two).count == 0
 
 
 def test_a_gpu_on_the_bus_but_not_to_nvml_is_named(replay, tmp_path):
     found = inventory(replay)
-    assert visibility.missing(topology.nvidia_gpus_on_bus(bus_with_two_gpus(tmp_path)), found) == ["0000:00:07.0"]
-    assert visibility.missing(["0000:00:06.0"], None) == ["0000:00:06.0"]  # NVML cannot answer at all
+    bus = topology.nvidia_gpus_on_bus(bus_with_two_gpus(tmp_path))
+    assert topology.missing_from_nvml(bus, found) == ["0000:00:07.0"]
+    assert topology.missing_from_nvml(["0000:00:06.0"], None) == ["0000:00:06.0"]  # NVML cannot answer at all
+
+
+def test_lost_gpus_are_the_nodes_only_when_the_scheduler_or_the_bus_expected_them():
+    """Decided on the evidence's kind, never on the words that explain it."""
+    slurm = expectation.expected_gpus(None, {"SLURM_GPUS_ON_NODE": "8"}, ["0000:00:06.0"])
+    assert expectation.lost_by_the_node(slurm, 1, 1)  # the job was given 8 GPUs: 7 lost, wherever the bus says
+    flag = expectation.expected_gpus(4, {}, ["0000:00:06.0", "0000:00:07.0"])
+    assert not expectation.lost_by_the_node(flag, 2, 2)  # the flag asked for more than the node has
+    bus = expectation.expected_gpus(None, {}, ["0000:00:06.0", "0000:00:07.0"])
+    assert bus.source == expectation.BUS and expectation.lost_by_the_node(bus, 1, 2)

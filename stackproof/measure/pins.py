@@ -16,6 +16,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackproof.errors import ConfigError
+from stackproof.images.locks import read_lock
 
 IMAGE_EXPECTED = Path("/etc/stackproof/expected.json")
 IMAGE_LOCK = Path("/etc/stackproof/lock.txt")
@@ -100,6 +101,11 @@ def same_version(component: str, expected: str, found: str | None) -> bool:
 
 def _padded(release: tuple[int, ...], fields: int) -> tuple[int, ...]:
     return (release + (0,) * fields)[:fields]
+
+
+def locked_versions(lock: Path) -> dict[str, str]:
+    """{normalized name: version} of the image's lock (images/locks/, carried at /etc/stackproof/lock.txt)."""
+    return read_lock(lock)[1]
 
 
 def installed_versions() -> dict[str, str]:

@@ -222,6 +222,12 @@ def near(pci_bus_id: str | None, pci_root: str = PCI_DEVICES) -> Iterator[set[in
             os.sched_setaffinity(0, before)
 
 
+def missing_from_nvml(bus: list[str], inventory: Inventory | None) -> list[str]:
+    """The bus's NVIDIA GPUs that NVML does not show (all of them when NVML cannot answer)."""
+    shown = {sysfs_name(g.pci_bus_id) for g in (inventory.gpus if inventory else []) if g.pci_bus_id}
+    return [address for address in bus if address not in shown]
+
+
 def nvidia_gpus_on_bus(pci_root: str = PCI_DEVICES) -> list[str] | None:
     """The PCI addresses of the NVIDIA display and 3D controllers on the bus (sysfs); None when no PCI bus is
     visible here (a container without /sys, or a machine without PCI)."""

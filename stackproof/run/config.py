@@ -240,6 +240,13 @@ class ValidateConfig(Settings):
             problems.append(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
         self.refuse(problems, "stackproof validate --help")
 
+    def pair_tolerance_on(self, gpu: bool) -> float | None:
+        """--pair-tolerance, or the GPUs' default (also CPU ranks' when --min-pair-gbps asks them to be judged);
+        None on CPU ranks otherwise: they share the host's cores, so their pair figures are reported only."""
+        if self.pair_tolerance is not None:
+            return self.pair_tolerance
+        return PAIR_TOLERANCE_GPU if gpu or self.min_pair_gbps is not None else None
+
     def straggler_tolerance_on(self, gpu: bool) -> float | None:
         """--straggler-tolerance, or the GPUs' default; None on CPU ranks unless given (they share the cores)."""
         if self.straggler_tolerance is not None:

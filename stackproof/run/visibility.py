@@ -5,66 +5,17 @@ that shows N NVIDIA GPUs there must show N to NVML and CUDA, and the ones that f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import IO
 
 from stackproof.errors import Exit
 from stackproof.judge import hardware, reach
+from stackproof.judge.expectation import BUS, expected_gpus
 from stackproof.judge.findings import Finding
 from stackproof.measure import cuda_reach, identity, topology
 from stackproof.report.record import Report
 from stackproof.run.config import ValidateConfig
-
-NO_GPU_VALUES = ("", "void", "none")
-FROM_THE_BUS = "on the PCI bus"  # the reason's words when the bus set the expectation
-FROM_THE_SCHEDULER = "SLURM_GPUS_ON_NODE="  # ... and their start when the scheduler allocated the GPUs
-
-
-def expected_gpus(flag: int | None, env: dict[str, str] | os._Environ,
-                  bus: list[str] | None = None) -> tuple[int, str]:
-    """(how many GPUs this node must show, why). 0 means the run may use the CPU.
-
-    --expect-gpus wins; then the GPUs Slurm allocated on this node; then CUDA_VISIBLE_DEVICES or a container
-    started for some GPUs (NVIDIA_VISIBLE_DEVICES listing devices, as the NVIDIA container toolkit and the
-    Kubernetes device plugin set it) expect at least one; NVIDIA_VISIBLE_DEVICES=void asks for none. Otherwise
-    (bare metal, or NVIDIA_VISIBLE_DEVICES=all) every NVIDIA GPU on the PCI bus `bus` (sysfs) is expected; with
-    no bus visible, NVIDIA_VISIBLE_DEVICES=all expects at least one and nothing else expects any."""
-    if flag is not None:
-        return flag, f"--expect-gpus {flag}"
-    slurm = env.get("SLURM_GPUS_ON_NODE")
-    if slurm and slurm.isdigit() and int(slurm) > 0:
-        return int(slurm), f"{FROM_THE_SCHEDULER}{slurm} (the job's GPUs on this node)"
-    requested = env.get("NVIDIA_VISIBLE_DEVICES")
-    if requested is not None and requested.strip().lower() in NO_GPU_VALUES:
-        return 0, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={requested})"
-    chosen = env.get("CUDA_VISIBLE_DEVICES")
-    if chosen:  # within the container's GPUs, CUDA's list is what the ranks get
-        return device_list(chosen), f"CUDA_VISIBLE_DEVICES={chosen}"
-    if requested is not None and requested.strip().lower() != "all":
-        return device_list(requested), f"NVIDIA_VISIBLE_DEVICES={requested}"
-    if bus:
-        return len(bus), f"{len(bus)} NVIDIA GPU(s) {FROM_THE_BUS} ({', '.join(bus)})"
-    if requested is not None:
-        return 1, f"NVIDIA_VISIBLE_DEVICES={requested}"
-    return 0, "no GPU requested (NVIDIA_VISIBLE_DEVICES unset) and none on the PCI bus"
-
-
-def device_list(value: str) -> int:
-    """How many GPUs a CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES list names (indices, UUIDs, MIG devices):
-    each one is expected, so a node that lost 7 of the 8 its job was given does not pass with 1. CUDA stops at
-    the first entry that names no device (-1, an empty entry)."""
-    count = 0
-    for entry in (e.strip() for e in value.split(",")):
-        if not entry or entry.startswith("-"):
-            break
-        count += 1
-    return count
-
-
-def missing(bus: list[str], inventory: topology.Inventory | None) -> list[str]:
-    """The bus's NVIDIA GPUs that NVML does not show (all of them when NVML cannot answer)."""
-    shown = {topology.sysfs_name(g.pci_bus_id) for g in (inventory.gpus if inventory else []) if g.pci_bus_id}
-    return [address for address in bus if address not in shown]
 
 
 def hardware_verdict(settings: ValidateConfig, inventory: topology.Inventory | None, visible: int,
@@ -73,16 +24,18 @@ def hardware_verdict(settings: ValidateConfig, inventory: topology.Inventory | N
     show, are findings on those GPUs: the record is written with them and the run ends with Exit.FAILED (none
     visible at all: no_gpu_verdict's Exit.NO_GPU)."""
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices) or []
-    _, why = expected_gpus(settings.expect_gpus, os.environ, bus)
+    expected = expected_gpus(settings.expect_gpus, os.environ, bus)
     lost = inventory.unreachable if inventory else {}
     findings = [hardware.unreachable(index, error) for index, error in lost.items()]
     findings += [hardware.nvml_stalled(inventory.stalled)] if inventory and inventory.stalled else []
-    if FROM_THE_BUS in why and visible:
-        findings += hardware.missing_from_the_bus(missing(bus, inventory), len(inventory.gpus) if inventory else 0)
+    if expected.source == BUS and visible:
+        findings += hardware.missing_from_the_bus(topology.missing_from_nvml(bus, inventory),
+                                                  len(inventory.gpus) if inventory else 0)
     if not findings:
         return no_gpu_record(settings, visible, out)
     message = (f"{len(findings)} GPU(s) expected but not reachable: " + " | ".join(map(str, findings)))
-    return _conclude(settings, Exit.FAILED, message, out, findings, expected_gpus=why, visible_gpus=visible)
+    return _conclude(settings, Exit.FAILED, message, out, findings, expected_gpus=expected.why,
+                     visible_gpus=visible)
 
 
 def no_gpu_verdict(settings: ValidateConfig, visible: int, out: IO[str], write_report: bool = True) -> Exit | None:
@@ -95,7 +48,7 @@ def no_gpu_record(settings: ValidateConfig, visible: int, out: IO[str], write_re
     """The record of exit 3, after saying so (and writing it, with the judge's finding), when GPUs are expected
     and none is visible (fewer than expected, but some, is the GPU check's failure: it names them)."""
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
-    expected, why = expected_gpus(settings.expect_gpus, os.environ, bus)
+    expected, _, why = dataclasses.astuple(expected_gpus(settings.expect_gpus, os.environ, bus))
     if not expected or visible:
         return None
     cause = why_no_gpu(expected, why)
