@@ -254,8 +254,8 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
     errors: dict[str, str] = {}
     # The host's part of the data check (writing and reading 512 MiB on the CPU) is done outside the turns.
-    # Pinned memory from the GPU's own NUMA node: memory of the other node reads at a fraction of the link's rate
-    # (a healthy H200 read 39-44 GB/s instead of 55 from it), which says nothing of the GPU or its link.
+    # Pinned memory from the GPU's own NUMA node, as a NUMA-bound training rank has it: DMA from the other node's
+    # memory crosses the socket link, which says nothing of the GPU or its PCIe link.
     with topology.near(gpu.pci_bus_id, settings.pci_devices) as cpus:
         copies, error = _local(lambda: gpu_proof.HostCopies(dist_env.device, patterns.seed_of("pcie", dist_env.rank,
                                                                                               gpu.uuid)))
