@@ -347,6 +347,22 @@ def node_first_pass(values: Sequence[Mapping[str, Any]], per_node: int, nbytes: 
     return state, rounds + [r for r in second_pass(delivered_first_time(segments), DELIVERED_BAR) if r not in rounds]
 
 
+def _said(named: dict, names: list[str], first: dict[Pair, Any], again: dict[Pair, Any], say: Callable[[Any], str],
+          bar: str, every: str, kind: str) -> list[str]:
+    """The words for what localize() named: each node (with its every pairing), link and unresolved pair."""
+    def pairings(m: int) -> str:
+        return ", ".join(f"with {names[b if a == m else a]} {say(g)}" for (a, b), g in {**first, **again}.items()
+                         if m in (a, b))
+
+    found = [f"node {names[m]}: {every} ({pairings(m)}; {bar})" for m in named["members"]]
+    found += [f"link {names[a]} <-> {names[b]}: {say(first[(a, b)])}"
+              f"{f' and {say(again[(a, b)])} again' if (a, b) in again else ''}, both nodes fine with others ({bar})"
+              for a, b in named["links"]]
+    found += [f"{names[a]} <-> {names[b]}: {say(first[(a, b)])} ({bar}); no node passed to re-test against, so a "
+              f"{kind} node and a {kind} link cannot be told apart" for a, b in named["unresolved"]]
+    return found
+
+
 def node_verdict(first: NodePass, again_exchanges: Sequence[Sequence[dict]], per_node: int,
                  nbytes: int) -> dict[str, Any]:
     """The re-tests -> {"findings", "ranks" (every rank of a named node or link), "rows", "figures", "bar",
@@ -363,32 +379,9 @@ def node_verdict(first: NodePass, again_exchanges: Sequence[Sequence[dict]], per
         for kind in ("links", "unresolved"):
             rule[kind] = [p for p in rule[kind] if not set(p) & named]
 
-    def pairings(m: int) -> str:
-        return ", ".join(f"with {names[b if a == m else a]} {_gbps(g)}" for (a, b), g in {**figures, **again}.items()
-                         if m in (a, b))
-
-    findings = [f"node {names[m]}: every pairing slow ({pairings(m)}; bar {bar.gbps} GB/s)"
-                for m in verdict["members"]]
-    findings += [f"link {names[a]} <-> {names[b]}: {_gbps(figures[(a, b)])}"
-                 f"{f' and {_gbps(again[(a, b)])} again' if (a, b) in again else ''}, both nodes fine with others "
-                 f"(bar {bar.gbps} GB/s)" for a, b in verdict["links"]]
-    findings += [f"{names[a]} <-> {names[b]}: {_gbps(figures[(a, b)])} (bar {bar.gbps} GB/s); no node passed "
-                 "to re-test against, so a slow node and a slow link cannot be told apart" for a, b in
-                 verdict["unresolved"]]
-
-    def exchanged(m: int) -> str:
-        return ", ".join(f"with {names[b if a == m else a]} {_resent(counts)}"
-                         for (a, b), counts in [*first.segments.items(), *again_segments.items()] if m in (a, b))
-
-    bar_said = f"a pair past {LOSSY_SHARE:.0%} lost packets"
-    findings += [f"node {names[m]}: packets lost with every peer ({exchanged(m)}; {bar_said})"
-                 for m in lossy["members"]]
-    findings += [f"link {names[a]} <-> {names[b]}: {_resent(first.segments[(a, b)])}"
-                 f"{f' and {_resent(again_segments[(a, b)])} again' if (a, b) in again_segments else ''}, both "
-                 f"nodes fine with others ({bar_said})" for a, b in lossy["links"]]
-    findings += [f"{names[a]} <-> {names[b]}: {_resent(first.segments[(a, b)])} ({bar_said}); no node passed to "
-                 "re-test against, so a lossy node and a lossy link cannot be told apart" for a, b in
-                 lossy["unresolved"]]
+    findings = _said(verdict, names, figures, again, _gbps, f"bar {bar.gbps} GB/s", "every pairing slow", "slow")
+    findings += _said(lossy, names, first.segments, again_segments, _resent,
+                      f"a pair past {LOSSY_SHARE:.0%} lost packets", "packets lost with every peer", "lossy")
     blamed = {m for named in (verdict, lossy) for m in named["members"]}
     blamed |= {n for named in (verdict, lossy) for p in named["links"] + named["unresolved"] for n in p}
     rows = [{"a": names[a], "b": names[b], "pass": "first", "gbps": _rounded(g), "bar_gbps": bar.gbps,
