@@ -253,32 +253,43 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
     errors: dict[str, str] = {}
-    # The host's part of the data check (writing and reading 512 MiB on the CPU) is done outside the turns.
-    # Pinned memory from the GPU's own NUMA node, as a NUMA-bound training rank has it: DMA from the other node's
-    # memory crosses the socket link, which says nothing of the GPU or its PCIe link.
-    with topology.near(gpu.pci_bus_id, settings.pci_devices) as cpus:
-        copies, error = _local(lambda: gpu_proof.HostCopies(dist_env.device, patterns.seed_of("pcie", dist_env.rank,
-                                                                                              gpu.uuid)))
-    report.figure("host_memory", "the GPU's NUMA node" if cpus else "where the rank runs (sysfs names no NUMA node)")
-    if copies is not None:
-        _, error = _local(copies.prepare)
+    seed = patterns.seed_of("pcie", dist_env.rank, gpu.uuid)
+    placed = {}
+
+    def buffers() -> gpu_proof.HostCopies:
+        # Pinned memory from the GPU's own NUMA node, as a NUMA-bound training rank has it: DMA from the other
+        # node's memory crosses the socket link, which says nothing of the GPU or its PCIe link.
+        with topology.near(gpu.pci_bus_id, settings.pci_devices) as cpus:
+            made = gpu_proof.HostCopies(dist_env.device, seed)
+        placed["near"] = bool(cpus)
+        made.prepare()  # the host's part of the data check (512 MiB written on the CPU): outside the timed turns
+        return made
+
+    copies, error = _local(buffers)
+    report.figure("host_memory", "the GPU's NUMA node" if placed.get("near") else
+                  "where the rank runs (sysfs names no NUMA node)")
 
     def measure():
+        nonlocal copies
         with topology.nvml_session() as nvml:
             handle = health.handle_of(nvml, gpu.uuid)
             # An idle link drops its generation to save power: read it while the copies run over it.
             h2d, link, wrong = copies.to_device(
                 during=lambda: health.pcie_link_under_load(nvml, handle, errors, gpu))
         d2h = copies.to_host()
-        # A copy below its bar is timed again and the best counts: the host's other work can slow a copy, a
-        # narrow or down-trained link never speeds one up.
+        # A copy below its bar is timed again, from fresh buffers (each try its own: the earlier ones stay held,
+        # so the allocator hands none of them out again), and the best counts: the host's other work or where a
+        # buffer landed can slow a copy, a narrow or down-trained link never speeds one up.
+        tried = [copies]
         for _ in range(gpu_proof.COPY_TRIES - 1):
             if bar.value is None or min(h2d, d2h) >= bar.value:
                 break
-            copies.prepare()  # the device-to-host copy wrote over the host's pattern
+            copies = buffers()
+            tried.append(copies)
             again, _, wrong_again = copies.to_device()
             h2d, wrong = max(h2d, again), wrong or wrong_again
             d2h = max(d2h, copies.to_host())
+        placed["tries"] = len(tried)
         return h2d, d2h, link, wrong
 
     # The GPUs of a node may share a PCIe switch's uplink: each measures in turn, so a bar on its own link holds.
@@ -298,6 +309,7 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     _delivered(report, gpu, [("host-to-device copy", f"{copies.nbytes} B from pinned memory", wrong_h2d),
                              ("device-to-host copy", f"{copies.nbytes} B into pinned memory", wrong_d2h)])
     expected_gen, expected_width = bars.pcie_expected(gpu)
+    report.figure("copy_tries", placed.get("tries", 0))
     report.figure("pcie_under_load", f"gen{gen} x{width} (the GPU's own max gen{expected_gen} x{expected_width})")
     report.hint("check the link (lspci -vv: LnkSta vs LnkCap), the slot's BIOS settings, and that the rank runs "
                 "on the GPU's NUMA node (nvidia-smi topo -m)")
