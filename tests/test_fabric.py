@@ -194,3 +194,20 @@ def test_no_rdma_port_skips_saying_so(tmp_path):
     _proc, report = validate(tmp_path, "--nproc", "2", "--tier", "fast", "-k", "fabric", "--sysfs", str(tmp_path))
     (check,) = report["checks"]
     assert check["outcome"] == "skipped" and "no RDMA port in sysfs" in check["message"], check
+
+
+SNMP = ("Ip: Forwarding DefaultTTL InReceives\nIp: 2 64 1000\n"
+        "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs "
+        "OutSegs RetransSegs InErrs OutRsts InCsumErrors\n"
+        "Tcp: 1 200 120000 -1 10 5 0 0 3 9000 10000 37 0 2 0\n"
+        "Udp: InDatagrams NoPorts\nUdp: 1 2\n")  # /proc/net/snmp's shape
+
+
+def test_tcp_segments_are_read_from_the_namespaces_snmp_counters(tmp_path):
+    (tmp_path / "snmp").write_text(SNMP)
+    before = fabric.tcp_segments(tmp_path / "snmp")
+    assert before == fabric.TcpSegments(sent=10000, retransmitted=37)
+    assert fabric.TcpSegments(12000, 40).since(before) == fabric.TcpSegments(2000, 3)
+    (tmp_path / "bad").write_text("Tcp: OutSegs\nTcp: x\n")
+    assert fabric.tcp_segments(tmp_path / "bad") is None and fabric.tcp_segments(tmp_path / "absent") is None
+    assert fabric.tcp_segments() is not None  # this machine's own namespace

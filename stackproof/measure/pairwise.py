@@ -143,7 +143,7 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
     tcp = after.since(before) if after and before else None
     wrong = patterns.first_wrong(recv, exchange_seed(peer, me, salt))
     return Exchange(peer, seconds, wrong=None if wrong is None else dataclasses.asdict(wrong),
-                    tcp_sent=tcp and tcp.sent, tcp_retransmitted=tcp and tcp.retransmitted)
+                    tcp_sent=tcp.sent if tcp else None, tcp_retransmitted=tcp.retransmitted if tcp else None)
 
 
 def run_rounds(rounds: Sequence[Sequence[Pair]], me: int, rank_of: Callable[[int], int],
