@@ -119,9 +119,16 @@ def _nodes(report: dict) -> dict[str, dict]:
     return {n["node"]: n for n in report["nodes"]}
 
 
+# Six CPU ranks on this 2-core host: a clean run's pairs differ up to 10x from one another (seen: 0.26 to 2.66 GB/s
+# between nodes), so a bar relative to the job's reference names a node now and then. The clean run is held to
+# an absolute floor instead (every pair moves its data, at a rate no loopback pair falls under); the runs with a
+# slowed node or link keep the relative bar that names them.
+CLEAN = ("-k", "pairwise or stragglers", "--timeout", "60", "--min-pair-gbps", "0.02", "--straggler-tolerance", "2")
+
+
 @pytest.mark.slurm
 def test_clean_run_on_three_nodes_passes(trio, tmp_path):
-    fields, report, output = _run(tmp_path, *LOCALIZE, tasks_per_node=2)
+    fields, report, output = _run(tmp_path, *CLEAN, tasks_per_node=2)
     assert fields["ExitCode"] == "0:0" and report["verdict"] == "OK", output[-6000:]
     checks = _checks(report)
     assert checks["pairwise::node_pairs"]["outcome"] == "passed"
