@@ -205,9 +205,12 @@ SNMP = ("Ip: Forwarding DefaultTTL InReceives\nIp: 2 64 1000\n"
 
 def test_tcp_segments_are_read_from_the_namespaces_snmp_counters(tmp_path):
     (tmp_path / "snmp").write_text(SNMP)
-    before = fabric.tcp_segments(tmp_path / "snmp")
-    assert before == fabric.TcpSegments(sent=10000, retransmitted=37)
-    assert fabric.TcpSegments(12000, 40).since(before) == fabric.TcpSegments(2000, 3)
+    (tmp_path / "netstat").write_text("TcpExt: SyncookiesSent TCPDSACKRecv TCPDSACKRecvSegs\nTcpExt: 0 30 31\n")
+    before = fabric.tcp_segments(tmp_path / "snmp", tmp_path / "netstat")
+    assert before == fabric.TcpSegments(sent=10000, retransmitted=37, duplicates=31) and before.lost == 6
+    assert fabric.TcpSegments(12000, 40, 31).since(before) == fabric.TcpSegments(2000, 3, 0)
+    # A kernel that keeps no duplicate count: every resend counts as lost.
+    assert fabric.tcp_segments(tmp_path / "snmp", tmp_path / "absent").lost == 37
     (tmp_path / "bad").write_text("Tcp: OutSegs\nTcp: x\n")
     assert fabric.tcp_segments(tmp_path / "bad") is None and fabric.tcp_segments(tmp_path / "absent") is None
     assert fabric.tcp_segments() is not None  # this machine's own namespace

@@ -112,7 +112,7 @@ def test_a_lossy_node_among_three_is_named_though_no_pair_is_slow():
     (finding,) = verdict["findings"]
     assert finding.startswith("node n2: packets lost with every peer (with n1 1400 of 20000 TCP segments sent "
                               "again (7.0%), with n3 1100 of 20000"), finding  # n1's pairing as re-tested
-    assert finding.endswith("; a pair past 1% lost packets)")
+    assert finding.endswith("; a pair past 0.5% lost packets)")
     first_rows = [row for row in verdict["rows"] if row["pass"] == "first"]
     assert [row["tcp_segments"] for row in first_rows] == [{"sent": 20000, "resent": 1200},
                                                            {"sent": 20000, "resent": 0},
@@ -127,7 +127,7 @@ def test_one_lossy_link_among_four_names_the_link_and_a_clean_run_nothing():
     assert verdict["named_links"] == [["n2", "n4"]] and verdict["named_nodes"] == [] and verdict["ranks"] == [1, 3]
     assert verdict["findings"] == ["link n2 <-> n4: 800 of 20000 TCP segments sent again (4.0%) and 900 of 20000 "
                                    "TCP segments sent again (4.5%) again, both nodes fine with others (a pair past "
-                                   "1% lost packets)"]
+                                   "0.5% lost packets)"]
     clean, retests = blame.node_first_pass(lossy_values({(0, 1): 9, (2, 3): 150}, 4, sent=100_000), 1, MB, None,
                                            None, NONE)
     assert retests == []  # 9 resent is a burst; 150 of 200,000 is 0.075 %: both under the bar

@@ -136,28 +136,47 @@ def read_ethernet(root: Path) -> list[EthernetNic]:
 
 
 # TCP's counters of this process's network namespace (a node's, or its pod's): what gloo and NCCL's socket
-# transport send, and how much of it TCP had to send again (a link that drops packets).
+# transport send, and how much of it TCP had to send again because it was lost (a link that drops packets).
 PROC_NET_SNMP = "/proc/net/snmp"
+PROC_NET_NETSTAT = "/proc/net/netstat"
 
 
 @dataclasses.dataclass(frozen=True)
 class TcpSegments:
     sent: int  # Tcp: OutSegs
     retransmitted: int  # Tcp: RetransSegs
+    # TcpExt: TCPDSACKRecvSegs: resent segments the peer reports it already had (a probe or timeout fired while
+    # the ACK was late, as on a busy host): sent again, but not lost.
+    duplicates: int = 0
 
     def since(self, before: TcpSegments) -> TcpSegments:
-        return TcpSegments(self.sent - before.sent, self.retransmitted - before.retransmitted)
+        return TcpSegments(self.sent - before.sent, self.retransmitted - before.retransmitted,
+                           self.duplicates - before.duplicates)
+
+    @property
+    def lost(self) -> int:
+        """Segments sent again because they did not arrive."""
+        return max(0, self.retransmitted - self.duplicates)
 
 
-def tcp_segments(path: str | Path = PROC_NET_SNMP) -> TcpSegments | None:
-    """This network namespace's TCP segments sent and retransmitted so far; None where the kernel shows none."""
+def _counters(path: str | Path, prefix: str) -> dict[str, int]:
+    header, values = [line.split()[1:] for line in Path(path).read_text().splitlines()
+                      if line.startswith(prefix)][:2]
+    return dict(zip(header, map(int, values), strict=True))
+
+
+def tcp_segments(snmp: str | Path = PROC_NET_SNMP, netstat: str | Path = PROC_NET_NETSTAT) -> TcpSegments | None:
+    """This network namespace's TCP segments sent, retransmitted and reported back as duplicates so far; None
+    where the kernel shows no TCP counters (no duplicate count where it keeps none: every resend counts)."""
     try:
-        header, values = [line.split()[1:] for line in Path(path).read_text().splitlines()
-                          if line.startswith("Tcp:")][:2]
-        fields = dict(zip(header, map(int, values), strict=True))
-        return TcpSegments(fields["OutSegs"], fields["RetransSegs"])
+        tcp = _counters(snmp, "Tcp:")
+        segments = TcpSegments(tcp["OutSegs"], tcp["RetransSegs"])
     except (OSError, ValueError, KeyError):
         return None
+    try:
+        return dataclasses.replace(segments, duplicates=_counters(netstat, "TcpExt:")["TCPDSACKRecvSegs"])
+    except (OSError, ValueError, KeyError):
+        return segments
 
 
 def read(root: str | Path = SYSFS) -> Fabric:

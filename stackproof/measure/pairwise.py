@@ -72,8 +72,9 @@ class Exchange:
     seconds: float | None  # per exchange; None: the peer never answered within the timeout
     error: str = ""
     wrong: dict | None = None  # the first wrong byte received from the peer (patterns.WrongBytes' fields)
-    # TCP segments this rank's network namespace sent, and sent again, while it exchanged (gloo and NCCL's
-    # sockets ride TCP; other ranks of the node are in the same round with the same peer node); None: unknown.
+    # TCP segments this rank's network namespace sent, and sent again because they were lost, while it exchanged
+    # (gloo and NCCL's sockets ride TCP; other ranks of the node are in the same round with the same peer node);
+    # None: unknown.
     tcp_sent: int | None = None
     tcp_retransmitted: int | None = None
 
@@ -143,7 +144,7 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
     tcp = after.since(before) if after and before else None
     wrong = patterns.first_wrong(recv, exchange_seed(peer, me, salt))
     return Exchange(peer, seconds, wrong=None if wrong is None else dataclasses.asdict(wrong),
-                    tcp_sent=tcp.sent if tcp else None, tcp_retransmitted=tcp.retransmitted if tcp else None)
+                    tcp_sent=tcp.sent if tcp else None, tcp_retransmitted=tcp.lost if tcp else None)
 
 
 def run_rounds(rounds: Sequence[Sequence[Pair]], me: int, rank_of: Callable[[int], int],
