@@ -28,7 +28,7 @@ Pair = tuple[int, int]
 # Packet loss, from TCP's own counters (gloo and NCCL's socket transport ride TCP): a pair whose segments had to be
 # sent again because they were lost (resent less those the peer reports it already had: measure/fabric.py) past
 # LOSSY_SHARE of all it sent, ACKs included, lost packets on the way. A healthy link stays well under 0.1 % (clean
-# veth pairs on a loaded 2-core host: at most 0.23 %); 5 % loss each way on a link read 1-4 %. Fewer than
+# veth pairs on a loaded 2-core host: at most 0.24 %); 10 % loss each way on a link read 3.4-5.9 %. Fewer than
 # LOSSY_MIN_SEGMENTS resent is a burst, not a link.
 LOSSY_SHARE = 0.005
 LOSSY_MIN_SEGMENTS = 10
@@ -376,16 +376,15 @@ def node_verdict(first: NodePass, again_exchanges: Sequence[Sequence[dict]], per
     lossy = localize(delivered_first_time(first.segments), delivered_first_time(again_segments), DELIVERED_BAR)
     # A node named by either rule explains its pairs under the other (a lossy node's pairs are slow too): its
     # pairs are not named as links.
-    named = set(verdict["members"]) | set(lossy["members"])
+    members = sorted(set(verdict["members"]) | set(lossy["members"]))
     for rule in (verdict, lossy):
         for kind in ("links", "unresolved"):
-            rule[kind] = [p for p in rule[kind] if not set(p) & named]
+            rule[kind] = [p for p in rule[kind] if not set(p) & set(members)]
 
     findings = _said(verdict, names, figures, again, _gbps, f"bar {bar.gbps} GB/s", "every pairing slow", "slow")
     findings += _said(lossy, names, first.segments, again_segments, _resent,
                       f"a pair past {LOSSY_SHARE:.1%} lost packets", "packets lost with every peer", "lossy")
-    blamed = {m for named in (verdict, lossy) for m in named["members"]}
-    blamed |= {n for named in (verdict, lossy) for p in named["links"] + named["unresolved"] for n in p}
+    blamed = set(members) | {n for rule in (verdict, lossy) for p in rule["links"] + rule["unresolved"] for n in p}
     rows = [{"a": names[a], "b": names[b], "pass": "first", "gbps": _rounded(g), "bar_gbps": bar.gbps,
              "slow": is_slow(g, bar.gbps), "tcp_segments": _counted(first.segments.get((a, b))),
              "rails": first.rails[(a, b)]}
@@ -393,7 +392,6 @@ def node_verdict(first: NodePass, again_exchanges: Sequence[Sequence[dict]], per
     rows += [{"a": names[a], "b": names[b], "pass": "retest", "gbps": _rounded(g), "bar_gbps": bar.gbps,
               "slow": is_slow(g, bar.gbps), "tcp_segments": _counted(again_segments.get((a, b)))}
              for (a, b), g in sorted(again.items())]
-    members = sorted(set(verdict["members"]) | set(lossy["members"]))
     links = sorted(set(verdict["links"]) | set(lossy["links"]))
     return {"findings": findings, "ranks": [r for r in range(len(again_exchanges)) if r // per_node in blamed],
             "members_named": bool(members), "rows": rows, "names": names,

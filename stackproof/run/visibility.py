@@ -5,7 +5,6 @@ that shows N NVIDIA GPUs there must show N to NVML and CUDA, and the ones that f
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import IO
 
@@ -48,15 +47,15 @@ def no_gpu_record(settings: ValidateConfig, visible: int, out: IO[str], write_re
     """The record of exit 3, after saying so (and writing it, with the judge's finding), when GPUs are expected
     and none is visible (fewer than expected, but some, is the GPU check's failure: it names them)."""
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
-    expected, _, why = dataclasses.astuple(expected_gpus(settings.expect_gpus, os.environ, bus))
-    if not expected or visible:
+    expected = expected_gpus(settings.expect_gpus, os.environ, bus)
+    if not expected.count or visible:
         return None
-    cause = why_no_gpu(expected, why)
-    message = (f"no GPU visible, but GPUs were expected ({why}): expected >= {expected}, found {visible}: "
-               f"{cause.check}: {cause.found}; fix: {cause.action} (or validate on CPU on purpose with "
+    cause = why_no_gpu(expected.count, expected.why)
+    message = (f"no GPU visible, but GPUs were expected ({expected.why}): expected >= {expected.count}, found "
+               f"{visible}: {cause.check}: {cause.found}; fix: {cause.action} (or validate on CPU on purpose with "
                "--expect-gpus 0, or -e NVIDIA_VISIBLE_DEVICES=void)")
-    return _conclude(settings, Exit.NO_GPU, message, out, [cause], write_report, expected_gpus=expected,
-                     visible_gpus=visible, reason=why)
+    return _conclude(settings, Exit.NO_GPU, message, out, [cause], write_report, expected_gpus=expected.count,
+                     visible_gpus=visible, reason=expected.why)
 
 
 def why_no_gpu(expected: int, why: str) -> Finding:
