@@ -24,7 +24,7 @@ from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
 from stackproof.run import early_cuda, local_ranks, phases, settle
 from stackproof.run.config import ValidateConfig
-from stackproof.run.launch_env import LAUNCHED_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
+from stackproof.run.launch_env import LAUNCHED_ENV, RUN_ENDS_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
 from stackproof.run.visibility import hardware_verdict
 
 KILL_GRACE_S = local_ranks.KILL_GRACE_S
@@ -139,6 +139,7 @@ def _torchrun(settings: ValidateConfig, nproc: int, env: dict[str, str]) -> tupl
            "-m", "--", "stackproof", "validate", *settings.to_argv()]
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env[RUN_ENDS_ENV] = f"{time.time() + settings.run_timeout:.3f}"  # the ranks' watchdog fires before the stop
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     interrupted: list[str] = []
 
