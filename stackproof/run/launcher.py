@@ -24,7 +24,13 @@ from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
 from stackproof.run import early_cuda, local_ranks, phases, settle
 from stackproof.run.config import ValidateConfig
-from stackproof.run.launch_env import LAUNCHED_ENV, RUN_ENDS_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
+from stackproof.run.launch_env import (
+    LAUNCHED_ENV,
+    RUN_ENDS_ENV,
+    adopt_slurm_env,
+    check_launcher_env,
+    launched_by_a_launcher,
+)
 from stackproof.run.visibility import hardware_verdict
 
 KILL_GRACE_S = local_ranks.KILL_GRACE_S

@@ -148,7 +148,7 @@ class CheckWatchdog:
     def _fire(self, seq: int, what: str, armed: float) -> None:
         ran_s = time.time() - armed  # the limit, or less: the run's end came first
         waiting, where = main_thread_position(self.suite_dirs)
-        dump_stacks(what, ran_s, self.env.rank)  # before answering: rank 0 may end the run at once
+        dump_stacks(what, round(ran_s, 1), self.env.rank)  # before answering: rank 0 may end the run at once
         store = self.env.side_store or self.env.store
         store.set(f"stall/{seq}/{self.env.rank}", json.dumps(stall_answer(waiting, where, self.gpu, self.node)))
         if not self.env.is_main:
@@ -165,10 +165,13 @@ class CheckWatchdog:
         stalled = sorted(r for r, a in answers.items() if not a["waiting"])
         silent = sorted(set(range(self.env.world_size)) - set(answers))
         self.findings = [hang.hang_finding(what, rank, answers[rank], ran_s) for rank in stalled]
-        self.on_stall(what, stall_message(what, ran_s, self.env.world_size, answers), stalled + silent)
+        hint = ("raise the limit with --check-timeout" if ran_s >= self.limit_s - 0.5 else
+                "the run's end came first: raise --run-timeout (healthcheck: --deadline)")
+        self.on_stall(what, stall_message(what, ran_s, self.env.world_size, answers, hint), stalled + silent)
 
 
-def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int, dict]) -> str:
+def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int, dict],
+                  hint: str = "raise the limit with --check-timeout") -> str:
     stalled = sorted(r for r, a in answers.items() if not a["waiting"])
     waiting = sorted(r for r, a in answers.items() if a["waiting"])
     silent = sorted(set(range(world_size)) - set(answers))
@@ -186,5 +189,5 @@ def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int,
         parts.append(f"rank(s) {waiting} were all waiting inside a collective, none stalled outside one (the "
                      "collective itself did not complete: a GPU, a link or the communication library)")
     return (f"{what} did not finish within {limit_s:.0f} s: " + "; ".join(parts)
-            + "; every thread's stack of each rank is in its log (logs/rank<N>.log in the reports folder); raise "
-              "the limit with --check-timeout")
+            + "; every thread's stack of each rank is in its log (logs/rank<N>.log in the reports folder); "
+            + hint)
