@@ -24,6 +24,7 @@ from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
 from stackproof.run import early_cuda, local_ranks, phases, settle
 from stackproof.run.config import ValidateConfig
+from stackproof.run.deadline import Deadline
 from stackproof.run.launch_env import (
     LAUNCHED_ENV,
     RUN_ENDS_ENV,
@@ -71,11 +72,14 @@ def validate(settings: ValidateConfig) -> int:
     return int(launch(settings).exit_code)
 
 
-def launch(settings: ValidateConfig) -> Report:
-    """Start this node's ranks and return the run's settled record (printed, and written to the reports folder)."""
+def launch(settings: ValidateConfig, clock: Deadline | None = None) -> Report:
+    """Start this node's ranks and return the run's settled record (printed, and written to the reports folder).
+    `clock`: when the ranks must be stopped by (healthcheck's --deadline less stopping them and acting): the NVML
+    survey and the ranks each take at most what it leaves (the ranks' --run-timeout included)."""
     check_input(settings)
     started = phases.process_started()
-    inventory = topology.survey(settings.pci_devices)  # NVML only: no CUDA context, no torch
+    survey_s = topology.SURVEY_DEADLINE_S if clock is None else clock.call_timeout(topology.SURVEY_DEADLINE_S)
+    inventory = topology.survey(settings.pci_devices, survey_s)  # NVML only: no CUDA context, no torch
     chosen = settings.visible_devices or topology.cuda_visible_devices()
     visible = (len(topology.visible(inventory, chosen)) if inventory is not None else gpus_without_nvml())
     nproc = visible or settings.nproc  # one rank per visible GPU
@@ -90,6 +94,9 @@ def launch(settings: ValidateConfig) -> Report:
         print(f"# stackproof validate: {nproc} rank(s) on this node "
               f"({'NCCL, one per GPU' if visible else 'gloo, CPU'}) of {settings.nnodes} node(s), tier "
               f"{settings.tier}; reports: {settings.reports}", flush=True)
+        if clock is not None:  # the survey's time, or the part of it NVML did not take, is the ranks'
+            ranks_s = max(1.0, clock.call_timeout(settings.run_timeout))
+            settings = dataclasses.replace(settings, run_timeout=ranks_s, timeout=min(settings.timeout, ranks_s))
         env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}",
                **({"CUDA_VISIBLE_DEVICES": settings.visible_devices} if settings.visible_devices else {})}
         if settings.nnodes == 1 and not settings.rdzv_endpoint:
@@ -103,9 +110,10 @@ def launch(settings: ValidateConfig) -> Report:
                                    timed_out_s=settings.run_timeout if outcome.timed_out else None,
                                    phases={"ranks_exited": time.time()},
                                    findings=_unkillable(settings, outcome.unkillable, inventory))
-        rc, interrupted, timed_out = _torchrun(settings, nproc, env)
+        rc, interrupted, timed_out, stuck = _torchrun(settings, nproc, env)
         return settle.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
-                               timed_out_s=settings.run_timeout if timed_out else None)
+                               timed_out_s=settings.run_timeout if timed_out else None,
+                               findings=_unkillable(settings, stuck, inventory))
     finally:
         held.release()
 
@@ -138,8 +146,10 @@ def gpus_without_nvml() -> int:
     return torch.cuda.device_count()
 
 
-def _torchrun(settings: ValidateConfig, nproc: int, env: dict[str, str]) -> tuple[int, str | None, bool]:
-    """(torchrun's exit code, the signal that interrupted the run if any, whether --run-timeout stopped it)."""
+def _torchrun(settings: ValidateConfig, nproc: int,
+              env: dict[str, str]) -> tuple[int, str | None, bool, list[dict]]:
+    """(torchrun's exit code, the signal that interrupted the run if any, whether --run-timeout stopped it, what
+    _kill could not stop: the settled record's finding, as local_ranks' unkillable ranks are)."""
     cmd = [sys.executable, "-m", "stackproof.run.agent", settings.reports, *settings.torchrun_rendezvous(),
            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=1",
            "-m", "--", "stackproof", "validate", *settings.to_argv()]
@@ -149,18 +159,20 @@ def _torchrun(settings: ValidateConfig, nproc: int, env: dict[str, str]) -> tupl
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     interrupted: list[str] = []
 
+    stuck: list[dict] = []
+
     def stop(signum: int, _frame: object) -> None:
         # Ctrl-C / docker stop: stop every rank, not only torchrun, and say so in the verdict.
         interrupted.append(signal.Signals(signum).name)
-        _kill(proc, signum)
+        stuck.extend(filter(None, [_kill(proc, signum)]))
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         rc = proc.wait(timeout=settings.run_timeout)
-        return rc, (interrupted[0] if interrupted else None), False
+        return rc, (interrupted[0] if interrupted else None), False, stuck
     except subprocess.TimeoutExpired:
-        _kill(proc, signal.SIGTERM)
-        return -1, None, True
+        stuck.extend(filter(None, [_kill(proc, signal.SIGTERM)]))
+        return -1, None, True, stuck
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
