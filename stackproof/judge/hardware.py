@@ -10,7 +10,7 @@ from stackproof.judge.bars import nvlinks_expected, pcie_expected
 from stackproof.judge.findings import RESET, RMA, Finding
 
 if TYPE_CHECKING:
-    from stackproof.measure.topology import Gpu
+    from stackproof.measure.topology import Gpu, Inventory
 
 RESEAT = "reseat the GPU / riser and check the slot and its BIOS link settings (lspci -vv: LnkSta vs LnkCap)"
 NVLINK_FIX = ("check the fabric (nvidia-smi nvlink -s; fabric manager on NVSwitch systems), reset the GPU; a link "
@@ -118,3 +118,27 @@ def nvml_stalled(why: str) -> Finding:
                    "gpu-hardware", "reset", "drain the node and reboot it (a GPU reset needs an NVML that answers); "
                    "look in the kernel log for the XID (79, 119 GSP timeout) that stuck the driver; if it recurs, "
                    + RMA)
+
+
+# A rank that died on one of these may have died of its GPU (CUDA aborts on a lost context; a GPU fallen off the
+# bus faults the mapped memory): its GPU is looked at again before the run's verdict is settled.
+FATAL_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
+
+
+def after_a_signal(rank: int, died_on: str, gpu: Gpu, now: Inventory | None,
+                   xid_findings: list[Finding]) -> list[Finding]:
+    """Rank `rank`, which drove `gpu`, died on signal `died_on`: what NVML says of that GPU now (`now`: the
+    survey after the death; None: NVML could not start), and the XIDs the kernel logged for it during the run
+    (health.xid_findings of them). [] when the GPU reads as it did: the death then names no machine."""
+    why = f"after rank {rank} died on {died_on}"
+    if now is None or now.stalled:
+        return [nvml_stalled(f"{now.stalled if now else 'NVML could not start'} ({why})"), *xid_findings]
+    if gpu.index in now.unreachable:
+        return [unreachable(gpu.index, f"{now.unreachable[gpu.index]} ({why})"), *xid_findings]
+    same = [g for g in now.gpus if g.uuid == gpu.uuid]
+    if not same:
+        return [Finding(gpu.index, gpu.uuid, "GPU listed by NVML", f"GPU {gpu.index} {gpu.uuid} still listed {why}",
+                        "not listed any more", "gpu-hardware", "isolate",
+                        "drain the node; check the kernel log for Xid 79 on this GPU and nvidia-smi; reboot; if it "
+                        "recurs, " + RMA), *xid_findings]
+    return [*findings(same[0], now.gpus), *xid_findings]

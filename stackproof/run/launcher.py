@@ -109,7 +109,9 @@ def launch(settings: ValidateConfig, clock: Deadline | None = None) -> Report:
                                    interrupted=outcome.interrupted,
                                    timed_out_s=settings.run_timeout if outcome.timed_out else None,
                                    phases={"ranks_exited": time.time()},
-                                   findings=_unkillable(settings, outcome.unkillable, inventory))
+                                   findings=[*_unkillable(settings, outcome.unkillable, inventory),
+                                             *_after_signals(settings, outcome.failures, inventory, started,
+                                                             clock)])
         rc, interrupted, timed_out, stuck = _torchrun(settings, nproc, env)
         return settle.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
                                timed_out_s=settings.run_timeout if timed_out else None,
@@ -131,6 +133,41 @@ def _unkillable(settings: ValidateConfig, stuck: list[dict], inventory: topology
                                 pci_bus_id=(gpu.pci_bus_id or "") if gpu else "",
                                 source="launcher: stopping the ranks"))
     return found
+
+
+def _after_signals(settings: ValidateConfig, failures: list[dict], inventory: topology.Inventory | None,
+                   started: float, clock: Deadline | None) -> list[Finding]:
+    """The GPUs of ranks that died on a fatal signal (hardware.FATAL_SIGNALS), looked at again: a fresh NVML
+    survey (bounded as the first) and the XIDs the kernel logged for each since this run started. Run-level
+    findings, so the verdict and act see them; none on CPU ranks or when the GPU reads healthy."""
+    fatal = [f for f in failures if f["exitcode"] < 0 and _signal_name(-f["exitcode"]) in hardware.FATAL_SIGNALS]
+    gpus = topology.visible(inventory, settings.visible_devices or topology.cuda_visible_devices()) \
+        if fatal and inventory is not None else []
+    fatal = [f for f in fatal if f["rank"] < len(gpus)]
+    if not fatal:
+        return []
+    from stackproof.judge import health as rules
+    from stackproof.measure import health
+
+    survey_s = topology.SURVEY_DEADLINE_S if clock is None else clock.call_timeout(topology.SURVEY_DEADLINE_S)
+    now = topology.survey(settings.pci_devices, survey_s)
+    log = health.read_kernel_log(settings.kernel_log, since=started)
+    found = []
+    for failure in fatal:
+        gpu, died_on = gpus[failure["rank"]], _signal_name(-failure["exitcode"])
+        xids = rules.xid_findings(gpu.index, gpu.uuid, rules.kernel_xids(log.records, gpu.pci_bus_id, started))
+        for finding in hardware.after_a_signal(failure["rank"], died_on, gpu, now, xids):
+            found.append(finding.at(node=settings.node_name or node_name(), rank=failure["rank"],
+                                    pci_bus_id=gpu.pci_bus_id or "", source=f"launcher: rank {failure['rank']} "
+                                                                            f"died on {died_on}"))
+    return found
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def gpus_without_nvml() -> int:
