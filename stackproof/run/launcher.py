@@ -23,7 +23,7 @@ from stackproof.measure import pins, topology
 from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
 from stackproof.run import early_cuda, local_ranks, phases, settle
-from stackproof.run.config import ValidateConfig
+from stackproof.run.config import NODE_NAME_ENV, ValidateConfig
 from stackproof.run.deadline import Deadline
 from stackproof.run.launch_env import (
     LAUNCHED_ENV,
@@ -98,6 +98,8 @@ def launch(settings: ValidateConfig, clock: Deadline | None = None) -> Report:
             ranks_s = max(1.0, clock.call_timeout(settings.run_timeout))
             settings = dataclasses.replace(settings, run_timeout=ranks_s, timeout=min(settings.timeout, ranks_s))
         env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}",
+               # the name resolved once (--node-name / healthcheck's --node): every node_name() of the ranks says it
+               **({NODE_NAME_ENV: settings.node_name} if settings.node_name else {}),
                **({"CUDA_VISIBLE_DEVICES": settings.visible_devices} if settings.visible_devices else {})}
         if settings.nnodes == 1 and not settings.rdzv_endpoint:
             outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc,
