@@ -18,6 +18,7 @@ from stackproof.act import breaker, deadline, decide, hardware, kubernetes, poli
 from stackproof.act import lock as breaker_lock
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit, Healthcheck
+from stackproof.measure import watermark
 from stackproof.measure.identity import node_name
 from stackproof.measure.topology import SURVEY_DEADLINE_S, NvmlUnavailable, nvidia_gpus_on_bus
 from stackproof.report.record import Report
@@ -318,6 +319,7 @@ def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO
     if the_plan.nothing_to_check:
         return _contract("validate not run", None, out)
     run_settings = _writable_reports(deadline.fit(the_plan.validate, settings), say)
+    looks = watermark.snapshot(run_settings.health_state_dir, the_plan.node)  # the evidence's last looks
     started = time.time()
     try:  # the ranks end in time to be stopped, and act keeps its budget after them
         record = launch(run_settings, clock.before(deadline.STOP_S + settings.act_budget))
@@ -327,7 +329,20 @@ def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO
     decision = decide.decide(record, not_before=started, max_nodes=settings.max_nodes, node=the_plan.node)
     kept = run_settings.reports_dir if run_settings.keep_runs else None  # its last-acted link (run/folders.py)
     done, _failures = act(decision, settings, out, clock, evidence=kept)
+    keep_evidence(done, looks, run_settings.health_state_dir, the_plan.node, say)
     return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)
+
+
+def keep_evidence(done: decide.Decision, looks: dict[Path, bytes], state_dir: Path, node: str, say) -> None:
+    """A drain the policy asked for and that was withheld (the circuit breaker, --max-nodes), or a run acted on for
+    nothing: the GPUs' last looks go back to before this run (measure/watermark.py), so the next run judges the
+    same XIDs and counter growth again instead of starting after them."""
+    held = [a for a in done.actions if a.held]
+    if not held and not done.withheld:
+        return
+    problem = watermark.restore(looks, state_dir, node)
+    said = f"could not be kept ({problem})" if problem else "kept for the next run (the last looks rewound)"
+    say(f"evidence since the last look {said}: {'the drain was withheld' if held else 'nothing was acted on'}")
 
 
 def _writable_reports(validate_settings: ValidateConfig, say) -> ValidateConfig:
