@@ -23,29 +23,27 @@ XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, GPU has fallen off the bus."
 
 
 def test_a_gpu_gone_after_the_death_is_a_finding_that_drains():
-    now = topology.Inventory("580.159.04", "13.0", [topology.Gpu(1, uuid="GPU-bbbb", **H200)])
-    (finding,) = hardware.after_a_signal(0, "SIGSEGV", GPU, now, [])
+    (finding,) = hardware.after_a_signal(0, "SIGSEGV", GPU, [topology.Gpu(1, uuid="GPU-bbbb", **H200)], [])
     assert (finding.check, finding.gpu_index, policy.of(finding)) == ("GPU listed by NVML", 0, policy.DRAIN)
     assert "after rank 0 died on SIGSEGV" in finding.expected
 
 
 def test_a_gpu_nvml_cannot_reach_or_nvml_stuck_after_the_death_drains():
-    lost = topology.Inventory("580.159.04", "13.0", [], unreachable={0: "NVML error GPU is lost"})
-    stuck = topology.Inventory("n/a", "n/a", [], stalled="NVML did not answer within 10 s")
-    for now in (lost, stuck, None):
-        (finding,) = hardware.after_a_signal(0, "SIGABRT", GPU, now, [])
+    lost = {"gpus_now": [], "unreachable_now": {0: "NVML error GPU is lost"}}
+    stuck = {"gpus_now": [], "stalled_now": "NVML did not answer within 10 s"}
+    for now in (lost, stuck, {"gpus_now": None}):
+        (finding,) = hardware.after_a_signal(0, "SIGABRT", GPU, xid_findings=[], **now)
         assert policy.of(finding) == policy.DRAIN and "after rank 0 died on SIGABRT" in finding.found, finding
 
 
 def test_an_xid_the_kernel_logged_for_the_gpu_during_the_run_is_named():
     xids = rules.xid_findings(0, GPU.uuid, rules.kernel_xids([(time.time(), XID_79)], GPU.pci_bus_id, 0.0))
-    now = topology.Inventory("580.159.04", "13.0", [GPU])
-    (finding,) = hardware.after_a_signal(0, "SIGBUS", GPU, now, xids)
+    (finding,) = hardware.after_a_signal(0, "SIGBUS", GPU, [GPU], xids)
     assert finding.check == "XID 79" and policy.of(finding) == policy.DRAIN
 
 
 def test_a_gpu_that_reads_as_before_names_no_machine():
-    assert hardware.after_a_signal(0, "SIGSEGV", GPU, topology.Inventory("580.159.04", "13.0", [GPU]), []) == []
+    assert hardware.after_a_signal(0, "SIGSEGV", GPU, [GPU], []) == []
 
 
 def test_the_launcher_looks_at_the_gpu_of_a_rank_killed_by_sigsegv(tmp_path):

@@ -159,7 +159,9 @@ def _after_signals(settings: ValidateConfig, failures: list[dict], inventory: to
     for failure in fatal:
         gpu, died_on = gpus[failure["rank"]], _signal_name(-failure["exitcode"])
         xids = rules.xid_findings(gpu.index, gpu.uuid, rules.kernel_xids(log.records, gpu.pci_bus_id, started))
-        for finding in hardware.after_a_signal(failure["rank"], died_on, gpu, now, xids):
+        for finding in hardware.after_a_signal(failure["rank"], died_on, gpu, None if now is None else now.gpus, xids,
+                                               None if now is None else now.unreachable,
+                                               "" if now is None else now.stalled):
             found.append(finding.at(node=settings.node_name or node_name(), rank=failure["rank"],
                                     pci_bus_id=gpu.pci_bus_id or "", source=f"launcher: rank {failure['rank']} "
                                                                             f"died on {died_on}"))
