@@ -1,7 +1,8 @@
 """A hang is a finding that acts (issue 33): under scripts/slurm/healthcheck.sh's defaults (the HealthCheckProgram
-and the Prolog: --deadline 57 cuts validate's --run-timeout 50 to what the survey leaves, 20-30 s), a rank made to hang from outside the suite (a
-torch.distributed collective patched by tests/fault_plugins/torch_faults.py, never --inject-fault) is named by
-rank 0's watchdog before the launcher stops the run, with its stack in its log, and acted on within the deadline.
+and the Prolog: --deadline 57 cuts validate's --run-timeout 50 to what the survey leaves, 20-30 s), a rank made to
+hang from outside the suite (a torch.distributed collective patched by tests/fault_plugins/torch_faults.py, never
+--inject-fault) is named by rank 0's watchdog before the launcher stops the run, with its stack in its log, and
+acted on within the deadline.
 
 On CPU ranks a stall is never pinned on a GPU (judge/hang.py): it is the watchdog's tool timeout, an alert naming
 the node and the rank. The same fault on a GPU rank spins a kernel that never ends and waits for it in CUDA: a GPU
