@@ -38,7 +38,7 @@ def _measure(dist_env, settings, rounds, me, rank_of):
 
     def measure(peer):
         return pairwise.exchange(peer, nbytes, dist_env.device, settings.warmup, settings.iters, settings.timeout,
-                                 faults.send_slow_down(settings, dist_env, peer))
+                                 faults.pair_slow_down(settings, dist_env, peer))
 
     done = pairwise.run_rounds(rounds, me, rank_of, measure,
                                lambda: dist.barrier(device_ids=[dist_env.device.index] if dist_env.is_gpu else None))

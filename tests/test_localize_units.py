@@ -157,23 +157,25 @@ def _env(node_rank, local_rank, local_world_size=2, num_nodes=3):
 
 def test_slow_node_reaches_every_rank_of_the_fault_ranks_node():
     settings = ValidateConfig(inject_fault="slow-node", fault_rank=3)  # node 1 of 2-rank nodes
-    assert faults.send_slow_down(settings, _env(1, 0), peer=0) == faults.SLOW_DOWN
-    assert faults.send_slow_down(settings, _env(1, 1), peer=5) == faults.SLOW_DOWN
-    assert faults.send_slow_down(settings, _env(0, 0), peer=2) == 0.0
+    assert faults.pair_slow_down(settings, _env(1, 0), peer=0) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(settings, _env(1, 1), peer=5) == faults.SLOW_DOWN
+    # Both ends of a slowed pair repeat the same transfers (issue 36 item 15): the peer's end too.
+    assert faults.pair_slow_down(settings, _env(0, 0), peer=2) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(settings, _env(0, 0), peer=4) == 0
     assert faults.work_slow_down(settings, _env(1, 1)) == faults.SLOW_DOWN
     assert faults.work_slow_down(settings, _env(2, 0)) == 0.0
 
 
 def test_slow_link_reaches_only_the_link_to_the_next_node():
     settings = ValidateConfig(inject_fault="slow-link", fault_rank=2)  # node 1 -> the link n1 <-> n2 (0-based)
-    assert faults.send_slow_down(settings, _env(1, 0), peer=4) == faults.SLOW_DOWN
-    assert faults.send_slow_down(settings, _env(2, 1), peer=3) == faults.SLOW_DOWN
-    assert faults.send_slow_down(settings, _env(1, 0), peer=0) == 0.0  # node 1 <-> node 0: fine
-    assert faults.send_slow_down(settings, _env(1, 0), peer=3) == 0.0  # inside node 1: fine
+    assert faults.pair_slow_down(settings, _env(1, 0), peer=4) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(settings, _env(2, 1), peer=3) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(settings, _env(1, 0), peer=0) == 0  # node 1 <-> node 0: fine
+    assert faults.pair_slow_down(settings, _env(1, 0), peer=3) == 0  # inside node 1: fine
     assert faults.work_slow_down(settings, _env(1, 0)) == 0.0
     one_node = ValidateConfig(inject_fault="slow-link", fault_rank=1)
-    assert faults.send_slow_down(one_node, _env(0, 1, 4, 1), peer=2) == faults.SLOW_DOWN
-    assert faults.send_slow_down(one_node, _env(0, 1, 4, 1), peer=0) == 0.0
+    assert faults.pair_slow_down(one_node, _env(0, 1, 4, 1), peer=2) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(one_node, _env(0, 1, 4, 1), peer=0) == 0
 
 
 def test_new_flags_reach_every_rank_and_the_fault_semantics_are_in_help():
@@ -187,7 +189,7 @@ def test_new_flags_reach_every_rank_and_the_fault_semantics_are_in_help():
     ValidateConfig.add_arguments(parser)
     assert ValidateConfig.from_args(parser.parse_args(argv)) == settings
     text = " ".join(parser.format_help().split())
-    assert "slow-node: every rank on the fault rank's node" in text and "slow-link: only sends between" in text
+    assert "slow-node: every pair with a rank on the fault rank's node" in text and "slow-link: only pairs between" in text
     with pytest.raises(Exception, match="--pair-tolerance"):
         ValidateConfig(pair_tolerance=1.5)
 

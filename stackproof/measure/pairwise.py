@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -86,42 +85,30 @@ def exchange_seed(sender: int, receiver: int, salt: object = "") -> int:
 
 
 def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: int, timeout_s: float,
-             slow_down: float = 0.0, salt: object = "") -> Exchange:
+             slow_down: int = 0, salt: object = "") -> Exchange:
     """nbytes to `peer` and nbytes from it at once, `iters` times after `warmup`, and what arrived from it
-    checked once afterwards against the pattern the peer sent (exchange_seed). `slow_down` (a fault) makes this
-    rank hold each send back by that many times a clean exchange's time after the warm-up (a fixed delay: both ends
-    of a pair may be slowed, and a delay grown from the last exchange's time, which holds the peer's delay, would
-    compound)."""
+    checked once afterwards against the pattern the peer sent (exchange_seed). `slow_down` (a fault, the same on
+    both ends) makes each exchange move the data that many more times: the pair is that much slower under
+    whatever else the host does at the moment."""
     count = max(2, nbytes // 4 // 2 * 2)  # whole 8-byte words of float32
     me = dist.get_rank()
     send = patterns.made(count * 4, exchange_seed(me, peer, salt), device, torch.float32)
     recv = torch.full_like(send, -1.0)  # not the pattern: an exchange that never delivered shows
     wait = datetime.timedelta(seconds=timeout_s)
-    delay = 0.0
 
     def once() -> None:
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)])
-        for work in works:
-            if device.type == "cuda":
-                work.wait()  # NCCL: the process group's --timeout applies, the watchdog backs it
-            elif not work.wait(wait):
-                raise TimeoutError(f"no answer from rank {peer} within {timeout_s:.0f} s")
-        if delay:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            time.sleep(delay)
+        for _ in range(1 + slow_down):
+            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)])
+            for work in works:
+                if device.type == "cuda":
+                    work.wait()  # NCCL: the process group's --timeout applies, the watchdog backs it
+                elif not work.wait(wait):
+                    raise TimeoutError(f"no answer from rank {peer} within {timeout_s:.0f} s")
 
     before = fabric.tcp_segments()
     try:
         for _ in range(warmup):
             once()
-        # One more exchange on both sides (the same count everywhere), after the warm-up has set the connection
-        # up: a slowed rank's yardstick.
-        begin = time.perf_counter()
-        once()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        delay = slow_down * (time.perf_counter() - begin)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -131,13 +118,16 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
             end.record()
             end.synchronize()
             seconds = start.elapsed_time(end) / 1e3 / iters
-        else:  # CPU ranks share cores with everything else: the median exchange, not the mean, is the link's
+        else:
+            # CPU ranks share cores with everything else: an exchange waits for a core as long as the host's other
+            # work keeps it, whatever the link, so the fastest is the link's (as the stragglers' best arrival). The
+            # median read a clean pair under a burst of load as slow as a 10x-slowed one measured calm.
             times = []
             for _ in range(iters):
                 begin = time.perf_counter()
                 once()
                 times.append(time.perf_counter() - begin)
-            seconds = statistics.median(times)
+            seconds = min(times)
     except (RuntimeError, TimeoutError) as err:
         return Exchange(peer, None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
     after = fabric.tcp_segments()
