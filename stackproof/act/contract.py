@@ -73,6 +73,12 @@ def _textfile_folder(root: Path) -> Path:
 def guard(argv: Sequence[str], main: Callable[[Sequence[str]], int] | None = None,
           out: IO[str] | None = None, err: IO[str] | None = None) -> int:
     """Run `stackproof healthcheck ARGV` (through `main`, default the CLI's, imported here) and keep the contract."""
+    try:
+        from stackproof.pipes import keep_exit_code
+
+        keep_exit_code()  # `healthcheck | head -1`: a reader that left is no broken install
+    except Exception:  # a half-copied install: the contract holds without it
+        pass
     out, err = out or sys.stdout, err or sys.stderr
     folder = reports_folder(argv)
     try:
