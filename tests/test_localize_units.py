@@ -189,7 +189,8 @@ def test_new_flags_reach_every_rank_and_the_fault_semantics_are_in_help():
     ValidateConfig.add_arguments(parser)
     assert ValidateConfig.from_args(parser.parse_args(argv)) == settings
     text = " ".join(parser.format_help().split())
-    assert "slow-node: every pair with a rank on the fault rank's node" in text and "slow-link: only pairs between" in text
+    assert "slow-node: every pair with a rank on the fault rank's node" in text
+    assert "slow-link: only pairs between" in text
     with pytest.raises(Exception, match="--pair-tolerance"):
         ValidateConfig(pair_tolerance=1.5)
 
@@ -204,3 +205,29 @@ def test_second_pass_retests_suspects_and_slow_links():
 def test_a_slow_pair_fine_on_its_retest_is_not_named():
     assert pairwise.localize(_three(10.0, 10.0, 1.0), {(1, 2): 9.0}, 7.5)["links"] == []
     assert pairwise.localize(_three(10.0, 10.0, 1.0), {(1, 2): 1.2}, 7.5)["links"] == [(1, 2)]
+
+
+def test_cpu_pairs_are_measured_across_the_whole_pass_and_read_by_their_fastest_exchange():
+    """Issue 36 item 15: each pair's exchanges in one block let a burst of background load land on one pair only
+    (a clean pair read 6x slower than a 10x-slowed one measured calm). On CPU ranks every sweep meets every peer
+    once, and a pair is its fastest exchange; a peer that never answered is not waited for again."""
+    import torch
+
+    rounds = pairwise.round_robin(4)
+    calls, barriers = [], []
+
+    def measure(peer, sweep):
+        calls.append((sweep, peer))
+        silent = peer == 3
+        return pairwise.Exchange(peer, None if silent else 1.0 + sweep % 3, "TimeoutError" if silent else "",
+                                 tcp_sent=10, tcp_retransmitted=1)
+
+    sweeps = pairwise.sweeps_of(torch.device("cpu"), 5)
+    assert (sweeps, pairwise.sweeps_of(torch.device("cuda", 0), 5)) == (5, 1)
+    done = pairwise.run_rounds(rounds, 0, lambda member: member, measure, lambda: barriers.append(1), sweeps)
+    assert [sweep for sweep, _ in calls] == sorted(sweep for sweep, _ in calls)  # sweep by sweep, interleaved
+    assert [peer for sweep, peer in calls if sweep == 0] == [ex.peer for ex in done]
+    assert [peer for sweep, peer in calls].count(3) == 1  # silent: not waited for in the 4 later sweeps
+    assert {ex.peer: ex.seconds for ex in done} == {1: 1.0, 2: 1.0, 3: None}
+    assert {ex.peer: ex.tcp_sent for ex in done} == {1: 50, 2: 50, 3: 10}
+    assert len(barriers) == 1 + sweeps * len(rounds)

@@ -120,8 +120,7 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
             seconds = start.elapsed_time(end) / 1e3 / iters
         else:
             # CPU ranks share cores with everything else: an exchange waits for a core as long as the host's other
-            # work keeps it, whatever the link, so the fastest is the link's (as the stragglers' best arrival). The
-            # median read a clean pair under a burst of load as slow as a 10x-slowed one measured calm.
+            # work keeps it, whatever the link, so the fastest is the link's (as the stragglers' best arrival).
             times = []
             for _ in range(iters):
                 begin = time.perf_counter()
@@ -137,19 +136,47 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
                     tcp_sent=tcp.sent if tcp else None, tcp_retransmitted=tcp.lost if tcp else None)
 
 
+def sweeps_of(device: torch.device, iters: int) -> int:
+    """How many times the whole schedule runs, each pair's `iters` exchanges shared among them. GPUs: once.
+    CPU ranks: one exchange per pair per sweep, so that every pair is measured across the whole pass; in one
+    block per pair, a clean pair measured in a burst of the host's other work read 6x slower than a pair
+    measured calm, and a 10x-slowed node passed (issue 36 item 15)."""
+    return 1 if device.type == "cuda" else iters
+
+
+def merged(sweeps: Sequence[Exchange]) -> Exchange:
+    """One pair's sweeps as one exchange: the fastest (CPU ranks: the others waited for a core), the first
+    error and wrong byte, TCP's counts summed."""
+    failed = next((ex for ex in sweeps if ex.seconds is None), None)
+    wrong = next((ex.wrong for ex in sweeps if ex.wrong), None)
+    counted = all(ex.tcp_sent is not None and ex.tcp_retransmitted is not None for ex in sweeps)
+    return Exchange(sweeps[0].peer, None if failed else min(ex.seconds for ex in sweeps),  # type: ignore[type-var]
+                    failed.error if failed else "", wrong,
+                    sum(ex.tcp_sent for ex in sweeps) if counted else None,  # type: ignore[misc]
+                    sum(ex.tcp_retransmitted for ex in sweeps) if counted else None)  # type: ignore[misc]
+
+
 def run_rounds(rounds: Sequence[Sequence[Pair]], me: int, rank_of: Callable[[int], int],
-               measure: Callable[[int], Exchange], barrier: Callable[[], None]) -> list[Exchange]:
-    """This rank's part of every round (rounds of members; `rank_of(member)` is the rank this rank meets there):
-    one exchange per round it is in, a barrier before the first and after each so that a round's pairs run
-    together (and NCCL's first send/recv finds every rank's communicator up)."""
-    mine = []
+               measure: Callable[[int, int], Exchange], barrier: Callable[[], None],
+               sweeps: int = 1) -> list[Exchange]:
+    """This rank's part of every round (rounds of members; `rank_of(member)` is the rank this rank meets there),
+    `sweeps` times over (measure(peer, sweep)): one exchange per round it is in, a barrier before the first and
+    after each so that a round's pairs run together (and NCCL's first send/recv finds every rank's communicator
+    up). A peer that never answered is not waited for again in a later sweep."""
+    parts: list[list[Exchange]] = []
     barrier()
-    for pairs in rounds:
-        peer = peer_in(pairs, me)
-        if peer is not None:
-            mine.append(measure(rank_of(peer)))
-        barrier()
-    return mine
+    for sweep in range(sweeps):
+        mine = 0
+        for pairs in rounds:
+            peer = peer_in(pairs, me)
+            if peer is not None:
+                if sweep == 0:
+                    parts.append([measure(rank_of(peer), sweep)])
+                elif parts[mine][0].seconds is not None:
+                    parts[mine].append(measure(rank_of(peer), sweep))
+                mine += 1
+            barrier()
+    return [merged(part) for part in parts]
 
 
 # --- the contract ---------------------------------------------------------------------------------------------
