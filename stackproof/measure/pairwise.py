@@ -136,12 +136,17 @@ def exchange(peer: int, nbytes: int, device: torch.device, warmup: int, iters: i
                     tcp_sent=tcp.sent if tcp else None, tcp_retransmitted=tcp.lost if tcp else None)
 
 
+# CPU ranks: the schedule runs this many times, each pair's exchanges shared among the sweeps.
+CPU_SWEEPS = 4
+
+
 def sweeps_of(device: torch.device, iters: int) -> int:
     """How many times the whole schedule runs, each pair's `iters` exchanges shared among them. GPUs: once.
-    CPU ranks: one exchange per pair per sweep, so that every pair is measured across the whole pass; in one
-    block per pair, a clean pair measured in a burst of the host's other work read 6x slower than a pair
-    measured calm, and a 10x-slowed node passed (issue 36 item 15)."""
-    return 1 if device.type == "cuda" else iters
+    CPU ranks: CPU_SWEEPS, so that every pair is measured across the whole pass; in one block per pair, a clean
+    pair measured in a burst of the host's other work read 6x slower than a pair measured calm, and a 10x-slowed
+    node passed (issue 36 item 15). Not one exchange per sweep: the first after a barrier waits for the peer's
+    wake-up (2-3 ms on a loaded host, 10x a 1 MiB loopback exchange) and hid a slowed link."""
+    return 1 if device.type == "cuda" else max(1, min(CPU_SWEEPS, iters))
 
 
 def merged(sweeps: Sequence[Exchange]) -> Exchange:
