@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stackproof import __version__, files
+from stackproof import __version__, files, pipes
 from stackproof.errors import HEALTHCHECK_EXIT_HELP, ConfigError, Exit, StackproofError
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV
@@ -360,6 +360,7 @@ def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    pipes.keep_exit_code()  # `stackproof ... | head -1`: the command's exit code, not a BrokenPipeError's
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()

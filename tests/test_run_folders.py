@@ -65,6 +65,25 @@ def test_prepare_makes_the_runs_folder_and_the_claim_names_it(tmp_path):
     assert plain.folder == tmp_path / "plain"  # --keep-runs 0: the folder itself, as before
 
 
+def test_a_run_written_into_a_folder_that_kept_runs_is_what_readers_read(tmp_path):
+    """Issue 36 item 3: after `validate --reports DIR` into a folder a healthcheck used, verdict, act and report
+    followed the old `latest` to the healthcheck's failed run."""
+    from stackproof.report.record import Check, Report, read_report
+
+    kept = settle.prepare(tmp_path, keep_runs=3)
+    Report(checks=[Check("t.py::old", "failed")], complete=True).write(kept.folder)
+    kept.release()
+    plain = settle.prepare(tmp_path)
+    Report(checks=[Check("t.py::new", "passed")], complete=True).write(plain.folder)
+    plain.release()
+    assert folders.current(tmp_path) == tmp_path.resolve()
+    assert [c["name"] for c in read_report(tmp_path)["checks"]] == ["t::new"]
+    again = settle.prepare(tmp_path, keep_runs=3)  # a healthcheck after it: latest is its run again
+    again.release()
+    assert folders.current(tmp_path) == again.folder.resolve()
+    assert len(list((tmp_path / folders.RUNS).iterdir())) == 2
+
+
 def test_keep_runs_is_one_node_only():
     with pytest.raises(ConfigError, match="--keep-runs 3: expected one node, found --nnodes 2"):
         ValidateConfig(keep_runs=3, nnodes=2, node_rank=0, master_addr="h")

@@ -74,6 +74,12 @@ def guard(argv: Sequence[str], main: Callable[[Sequence[str]], int], out: IO[str
           err: IO[str] | None = None) -> int:
     """Run `stackproof healthcheck ARGV` through `main` (the CLI's, which `python -m stackproof` imports inside
     it: an import that crashes is the contract's to report too) and keep the contract."""
+    try:
+        from stackproof.pipes import keep_exit_code
+
+        keep_exit_code()  # `healthcheck | head -1`: a reader that left is no broken install
+    except Exception:  # a half-copied install: the contract holds without it
+        pass
     out, err = out or sys.stdout, err or sys.stderr
     folder = reports_folder(argv)
     try:

@@ -115,6 +115,8 @@ def prepare(reports_dir: Path, nnodes: int = 1, keep_runs: int = 0) -> Claim:
             (reports_dir / name).unlink(missing_ok=True)
         if keep_runs:
             folders.prune(root, keep_runs, LOCK_FILE)
+        else:
+            folders.written_here(root)
     except OSError as err:
         held.release()
         raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "
