@@ -18,8 +18,8 @@ from stackproof.act import decide, policy
 from stackproof.errors import ConfigError, Healthcheck
 from stackproof.judge import exceptions, health
 from stackproof.judge.findings import Finding
+from stackproof.report import folders
 from stackproof.report.record import Check, Report, read_report
-from stackproof.run import folders
 
 REPO = Path(__file__).resolve().parents[1]
 TAKEN_OUT = int(Healthcheck.TAKEN_OUT)

@@ -21,8 +21,9 @@ from stackproof.errors import ConfigError, Exit, Healthcheck
 from stackproof.measure import watermark
 from stackproof.measure.identity import node_name
 from stackproof.measure.topology import SURVEY_DEADLINE_S, NvmlUnavailable, nvidia_gpus_on_bus
+from stackproof.report import folders
 from stackproof.report.record import Report
-from stackproof.run import folders, settle
+from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
 from stackproof.tools import run_tool
 
@@ -327,7 +328,7 @@ def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO
         return bad_input(err, out)
     outcome = f"validate exit {int(record.exit_code)} ({record.exit_code.meaning})"
     decision = decide.decide(record, not_before=started, max_nodes=settings.max_nodes, node=the_plan.node)
-    kept = run_settings.reports_dir if run_settings.keep_runs else None  # its last-acted link (run/folders.py)
+    kept = run_settings.reports_dir if run_settings.keep_runs else None  # its last-acted link (report/folders.py)
     done, _failures = act(decision, settings, out, clock, evidence=kept)
     keep_evidence(done, looks, run_settings.health_state_dir, the_plan.node, say)
     return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)

@@ -24,7 +24,7 @@ from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.judge import promise
 from stackproof.judge.findings import Finding
-from stackproof.run import folders
+from stackproof.report import folders
 
 # The record's shape (docs/report-format.md). 2: findings per rank (Check.findings, Report.findings), where 1 had
 # one category and severity per check.
@@ -53,7 +53,7 @@ SHAPE: dict[str, type | tuple[type, ...]] = {"exit_code": int, "settings": dict,
 
 def report_file(path: Path) -> Path:
     """The report.json a path names: the file itself, or the one of a reports folder (its newest run when the
-    folder keeps its runs: healthcheck's, run/folders.py)."""
+    folder keeps its runs: healthcheck's, report/folders.py)."""
     return folders.current(path) / REPORT_FILE if path.is_dir() else path
 
 

@@ -85,7 +85,7 @@ def launch(settings: ValidateConfig, clock: Deadline | None = None) -> Report:
     nproc = visible or settings.nproc  # one rank per visible GPU
     settings.check_world(nproc * settings.nnodes)
     held = settle.prepare(settings.reports_dir, settings.nnodes, settings.keep_runs)  # this run's until settled
-    if held.folder != settings.reports_dir:  # --keep-runs: the run writes in its own folder (run/folders.py)
+    if held.folder != settings.reports_dir:  # --keep-runs: the run writes in its own folder (report/folders.py)
         settings = dataclasses.replace(settings, reports=str(held.folder), keep_runs=0,  # the last looks stay under
                                        state_dir=str(settings.health_state_dir))  # the root, across the runs
     try:
