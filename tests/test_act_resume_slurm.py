@@ -37,8 +37,9 @@ HEALTHCHECK = REPO / "scripts" / "slurm" / "healthcheck.sh"
 CLUSTER = REPO / "scripts" / "ci" / "slurm-cluster.sh"
 BROKEN_ALLREDUCE = REPO / "tests" / "fixtures" / "broken_allreduce"
 CONF = "/etc/slurm-return/slurm.conf"
-# One CPU rank, one exact all_reduce (--deadline 120: torch ranks on a busy 2-core host); the re-proof runs the same selection in the full tier (the default, full
-# then the burn soak, is held in tests/test_act_resume.py: here CPU time is kept small).
+# One CPU rank, one exact all_reduce (--deadline 120: torch ranks on a busy 2-core host). The re-proof runs the
+# same selection in the full tier: the default (full, then the burn soak) is held in tests/test_act_resume.py;
+# here CPU time is kept small.
 CHECKS = ("--expect-gpus 0 --nproc 1 --tier full --max-check-bytes 64K --timeout 20 --run-timeout 50 --deadline 120 "
           "--reproof-tiers full")
 SELECTION = "all_reduce and sum-float32"

@@ -100,7 +100,7 @@ def needs_service(events: list[Event], now: float, rule: Rule = Rule()) -> str:
     events = _since_serviced(events)
     if any(e.event == HELD for e in events):
         held = next(e for e in reversed(events) if e.event == HELD)
-        return held.reason
+        return held.reason or f"held as needing service ({held.run or _iso(held.at)})"
     outs = [e for e in events if e.event == TAKEN_OUT and now - e.at <= rule.window_s]
     returns = [e for e in events if e.event == RETURNED]
     if len(outs) < rule.count or not any(outs[0].at <= r.at <= outs[-1].at for r in returns):
