@@ -5,6 +5,7 @@ server here). The real thing, slurmd running the health check on a drained node,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -235,3 +236,39 @@ def test_kubectl_applies_the_return_and_parses_the_taint_removal(tmp_path):
             node.write_text(proc.stdout)
     annotations = json.loads(node.read_text())["metadata"]["annotations"]
     assert annotations == {kubernetes.CHECK_ANNOTATION: kept.reason, resume.SERVICE_ANNOTATION: kept.reason}
+
+
+# --- the page: each node's history and every finding's remedy ---------------------------------------------------
+def test_the_page_shows_each_nodes_history_and_the_remedies(tmp_path):
+    from stackproof.report import fleet, page
+
+    assert (fleet.HISTORY_FILE, fleet.HISTORY_SCHEMA) == (history.RUN_COPY, history.SCHEMA)
+    now = 10 * DAY
+    lives = {"n1": [_ev(1, history.TAKEN_OUT), _ev(2, history.RETURNED)],
+             "n2": [history.Event(8 * DAY, history.TAKEN_OUT, "run-8", "stackproof: collectives::barrier GPU 3",
+                                  policy.remedy("gpu-hardware", "reset")),
+                    _ev(8.5, history.RETURNED), _ev(9, history.TAKEN_OUT),
+                    history.Event(9 * DAY, history.HELD, "run-9", "stackproof: needs service: taken out 2 times")]}
+    folders = []
+    for node, life in lives.items():
+        report = _record()
+        report.ranks = [{**report.ranks[0], "node": node, "host": node}]
+        report.checks[0].findings = [dataclasses.replace(report.checks[0].findings[0], node=node)]
+        folder = tmp_path / node
+        report.write(folder)
+        history.export(folder, node, life, now)
+        folders.append(folder)
+    (tmp_path / "n3").mkdir()
+    _record().write(tmp_path / "n3")  # a report without a history: no row, no error
+    out, _ = page.write([*folders, tmp_path / "n3"], tmp_path / "page.html")
+    html = out.read_text()
+    section = html[html.index("<h2>Node history</h2>"):]
+    assert section.index(">n1<") < section.index(">n2<")
+    n2 = section[section.index(">n2<"):]
+    assert "out: needs service (stackproof: needs service: taken out 2 times)" in n2
+    assert "<b>taken-out</b> run run-8: stackproof: collectives::barrier GPU 3 (remedy: kill-process -&gt; " \
+           "reset-gpu -&gt; reboot -&gt; service)" in n2
+    assert '<td class="back">in service</td>' in section[:section.index(">n2<")]
+    remedies = html[html.index("<h2>Remedies</h2>"):html.index("<h2>Node history</h2>")]
+    # one row per node and finding: n1's, n2's (n3's report names n2's same finding: not twice)
+    assert remedies.count("<li><b>kill-process</b>") == 2 and ">n2<" in remedies and ">n1<" in remedies

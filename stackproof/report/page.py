@@ -49,9 +49,13 @@ def _e(value: Any) -> str:
 def load(path: Path) -> tuple[str, dict[str, Any]]:
     """(the label of the run, its report.json); another schema is refused, exit 2."""
     data = read_report(path)
+    folder = report_file(path).parent
     attested = read_record(path if path.is_dir() else path.parent)  # stackproof attest's, beside report.json
     if attested:
         data = {**data, ATTESTATION: attested}
+    node_history = fleet.read_history(folder)  # a healthcheck's copy of its node's history, beside report.json
+    if node_history:
+        data = {**data, fleet.HISTORY: node_history}
     nodes = ",".join(n.get("node", "?") for n in data.get("nodes", [])) or "?"
     return f"{nodes} {data.get('started', '')[:19]}", data
 
