@@ -55,7 +55,7 @@ id="$(cat "$dir/step")"
 mkdir -p "$dir/runs/$id" && mkdir "$dir/runs/$id/$SLURMD_NODENAME" 2>/dev/null || exit 0
 export STACKPROOF_PYTHON={python} STACKPROOF_REPO={repo} OMP_NUM_THREADS=1 SLURM_CONF={conf}
 export STACKPROOF_HEALTHCHECK_REPORTS="$dir/runs/$id"
-export STACKPROOF_HEALTHCHECK_ARGS="{checks} --state-dir $dir/state"
+export STACKPROOF_HEALTHCHECK_ARGS="{checks} --state-dir $dir/state $(cat "$dir/extra")"
 [ ! -f "$dir/broken/$SLURMD_NODENAME" ] || export PYTHONPATH={broken}
 exec bash {script} -k "{selection}"
 """
@@ -83,6 +83,7 @@ def cluster(tmp_path_factory):
                                       broken=BROKEN_ALLREDUCE, script=HEALTHCHECK, selection=SELECTION))
     wrapper.chmod(0o755)
     (folder / "broken").mkdir()
+    (folder / "extra").write_text("")
     extra = f"HealthCheckProgram={wrapper}\nHealthCheckInterval=5\nHealthCheckNodeState=ANY"
     env = {**_env(), "SLURM_CLUSTER_EXTRA_CONF": extra, "SLURM_CLUSTER_WAIT_S": "90"}
     # A cluster of this name left running (by hand, or a killed run) would be taken as it is, without this
@@ -97,9 +98,11 @@ def cluster(tmp_path_factory):
     subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, text=True, timeout=120, env=env)
 
 
-def _step(folder: Path, node: str, *, broken: bool) -> str:
-    """slurmd's next health check on `node`, with or without the fault; its healthcheck.log."""
+def _step(folder: Path, node: str, *, broken: bool, extra: str = "--reproof-foreground") -> str:
+    """slurmd's next health check on `node`, with or without the fault; its healthcheck.log. The re-proof runs
+    inside the health check (--reproof-foreground) unless `extra` says otherwise."""
     (folder / "step").unlink(missing_ok=True)
+    (folder / "extra").write_text(extra)
     (folder / "broken" / node).unlink(missing_ok=True)
     if broken:
         (folder / "broken" / node).write_text("")
@@ -154,8 +157,16 @@ def test_a_node_comes_back_only_by_proof_and_a_lemon_is_held(cluster):
     assert f"remedy: {steps}" in still_broken and f"[interconnect, isolate]: {steps}" in still_broken, \
         still_broken[-3000:]
 
-    repaired = _step(cluster, "n2", broken=False)
-    assert "this node is back in service; exit 0" in repaired and "# exit 0" in repaired, repaired[-3000:]
+    # Detached (the default: slurmd kills a HealthCheckProgram at 60 s, a full + burn re-proof takes minutes):
+    # the health check starts it in its own session and returns; the re-proof resumes the node when it passes.
+    started = _step(cluster, "n2", broken=False, extra="")
+    assert "re-proof started in the background (pid" in started and "# exit 1" in started, started[-3000:]
+    log = Path(re.search(r"its log (\S+)\)", started).group(1))
+    deadline = time.monotonic() + WAIT_S
+    while _events(cluster, "n2")[-1] != history.RETURNED and time.monotonic() < deadline:
+        time.sleep(1)
+    repaired = log.read_text()
+    assert "this node is back in service; exit 0" in repaired, repaired[-3000:]
     run = re.search(r"re-proof \(full\) run (\S+): exit 0", repaired).group(1)
     n2 = _node("n2", "IDLE")
     assert "DRAIN" not in n2["State"] and n2["Comment"].startswith(f"stackproof: returned by re-proof {run}"), n2

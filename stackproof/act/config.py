@@ -76,6 +76,11 @@ class ActConfig(Settings):
                                 "removed); every one must pass. It must cover the tier that takes nodes out "
                                 "(--tier) and should go deeper: the default is the full tier, then the burn soak",
                                 metavar="TIER[,TIER]", check=lambda v: tiers_problem(v))
+    reproof_foreground: bool = option(False, "run the re-proof inside this healthcheck and wait for it (a "
+                                             "DaemonSet, a small re-proof); by default it runs detached, in its own "
+                                             "session, one at a time per node (its log: reproof.log under "
+                                             "--reports), since slurmd kills a HealthCheckProgram at 60 s and the "
+                                             "default re-proof takes minutes")
     lemon_window: float = option(history.LEMON_WINDOW_S,
                                  "a node taken out again within this many seconds of stackproof returning it "
                                  "(--lemon-count take-outs in all) stays out and needs service, whatever its next "

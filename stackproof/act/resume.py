@@ -22,10 +22,12 @@ import time
 from pathlib import Path
 from typing import IO
 
-from stackproof.act import decide, history, kubernetes, policy
+from stackproof.act import decide, history, kubernetes, lock, policy, tool
 from stackproof.errors import ConfigError, Exit
 
 IN_SERVICE, OURS, OTHER, UNKNOWN = "in-service", "ours", "other", "unknown"
+LOCK_FILE = "reproof.lock"  # in the node's state folder: one re-proof at a time
+LOG_FILE = "reproof.log"  # under --reports: a detached re-proof's output
 RETURNED_ANNOTATION = f"{kubernetes.DOMAIN}/returned-by"
 SERVICE_ANNOTATION = f"{kubernetes.DOMAIN}/needs-service"
 # Slurm states a node is out of service in (sinfo %T, lower case, with its flags' suffixes stripped).
@@ -159,7 +161,6 @@ def commands(scheduler: str, node: str, outcome: Outcome, target: list[str] | No
 
 # --- asking the scheduler and running the proof ---------------------------------------------------------------
 def standing(node: str, scheduler: str | None, timeout_s: float) -> Standing:
-    from stackproof.act import tool
     from stackproof.tools import run_tool
 
     if scheduler not in ("slurm", "kubernetes"):
@@ -186,8 +187,6 @@ def reprove(validate_settings, settings, node: str, found: Standing, out: IO[str
     """Prove a node stackproof took out, with every tier of --reproof-tiers in turn, and return it, keep it out
     with the new evidence, or hold it (a lemon). Exit: STAYS when returned, TAKEN_OUT when it stays out."""
     from stackproof.act import run as act_run
-    from stackproof.run.config import BURN_HEADROOM_S
-    from stackproof.run.launcher import launch
 
     say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
     problem = reproof_problem(settings.reproof, validate_settings.tier)
@@ -197,6 +196,47 @@ def reprove(validate_settings, settings, node: str, found: Standing, out: IO[str
     say(f"this node is {found.words()}: re-proof with --reproof-tiers {','.join(settings.reproof)} "
         f"({'deeper than' if deeper else 'as deep as'} --tier {validate_settings.tier}) before it may return")
     state = validate_settings.health_state_dir
+    guard = history.path(state, node).with_name(LOCK_FILE)
+    guard.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # Detached: the lock is only looked at here (free: no re-proof running), and taken by the re-proof itself,
+        # which waits --act-timeout for it (this process may still hold it for a moment).
+        with lock.held(guard, 0 if not settings.reproof_foreground else settings.act_timeout):
+            detach = not settings.reproof_foreground
+            if not detach:
+                return _reprove(validate_settings, settings, node, state, say, out)
+        return _detach(validate_settings, say)
+    except tool.ActError as err:
+        say(f"a re-proof of this node is already running ({str(err).partition('found it held by ')[2] or err}): "
+            f"it stays out until that one passes; exit {int(act_run.TAKEN_OUT)}")
+        return act_run.TAKEN_OUT
+
+
+def _detach(validate_settings, say) -> int:
+    """The re-proof in its own session (slurmd's kill of the HealthCheckProgram's process group does not reach
+    it), this healthcheck's flags and --reproof-foreground; its output in reproof.log under --reports."""
+    import os
+    import subprocess
+    import sys
+
+    from stackproof.act import run as act_run
+
+    log = validate_settings.reports_dir / LOG_FILE
+    given = sys.argv[sys.argv.index("healthcheck") + 1:] if "healthcheck" in sys.argv else []
+    argv = [sys.executable, "-m", "stackproof", "healthcheck", *given, "--reproof-foreground"]
+    with open(log, "a") as sink:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env=os.environ.copy())
+    say(f"re-proof started in the background (pid {child.pid}, its log {log}); this node stays out of service "
+        f"until it passes; exit {int(act_run.TAKEN_OUT)}")
+    return act_run.TAKEN_OUT
+
+
+def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[str]) -> int:
+    from stackproof.act import run as act_run
+    from stackproof.run.config import BURN_HEADROOM_S
+    from stackproof.run.launcher import launch
+
     try:
         events = history.load(state, node)
     except ValueError as err:
