@@ -132,7 +132,9 @@ def test_the_history_metrics_pass_promtool_lint(tmp_path):
 # --- the re-proof: deeper by default, its outcome -------------------------------------------------------------
 def test_the_default_reproof_is_the_full_tier_then_the_burn_soak_deeper_than_the_health_check():
     settings = ActConfig(scheduler="slurm")
-    assert settings.reproof == ("full", "burn") and config.TIER_NAMES == TIERS
+    assert settings.reproof == ("full", "burn") and settings.reproof == config.REPROOF_TIERS
+    assert {"fast": {"fast"}, "full": {"fast", "full"}, "burn": {"fast", "soak"}} == resume.TIER_CHECKS
+    assert set(resume.TIER_CHECKS) == set(TIERS)
     assert resume.covers(settings.reproof, "fast") == (True, True)  # healthcheck's default tier
     assert resume.covers(settings.reproof, "full") == (True, True)
     assert resume.covers(("full",), "full") == (True, False)  # as deep: allowed, said

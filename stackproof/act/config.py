@@ -8,19 +8,19 @@ import dataclasses
 from stackproof.act import deadline as budget
 from stackproof.act import history
 from stackproof.act.breaker import limit_problem
+from stackproof.judge.promise import TIERS
 from stackproof.settings import Settings, at_least, node_name, not_blank, option, positive, seconds
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
 # The re-proof that may return a node stackproof took out: deeper than the check that took it out (healthcheck's
 # fast tier): every check of the full tier, then the burn soak (act/resume.py).
 REPROOF_TIERS = ("full", "burn")
-TIER_NAMES = ("full", "fast", "burn")  # run/config.py's TIERS (tests/test_act_resume.py holds them equal)
 
 
 def tiers_problem(text: str) -> str | None:
     names = [t.strip() for t in str(text).split(",")]
-    if not names or any(t not in TIER_NAMES for t in names) or len(set(names)) != len(names):
-        return f"expected tiers from {', '.join(TIER_NAMES)}, comma-separated, each once, found {text!r}"
+    if not names or any(t not in TIERS for t in names) or len(set(names)) != len(names):
+        return f"expected tiers from {', '.join(TIERS)}, comma-separated, each once, found {text!r}"
     return None
 # The whole healthcheck: slurmd kills a HealthCheckProgram at 60 s; 3 s are left for the interpreter's start and
 # exit around the command. A DaemonSet, which no such limit holds, passes its own --deadline.

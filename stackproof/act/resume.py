@@ -24,6 +24,7 @@ from typing import IO
 
 from stackproof.act import decide, history, kubernetes, lock, policy, tool
 from stackproof.errors import ConfigError, Exit
+from stackproof.judge.promise import FAST, FULL, SOAK, TIERS
 
 IN_SERVICE, OURS, OTHER, UNKNOWN = "in-service", "ours", "other", "unknown"
 LOCK_FILE = "reproof.lock"  # in the node's state folder: one re-proof at a time
@@ -32,9 +33,10 @@ RETURNED_ANNOTATION = f"{kubernetes.DOMAIN}/returned-by"
 SERVICE_ANNOTATION = f"{kubernetes.DOMAIN}/needs-service"
 # Slurm states a node is out of service in (sinfo %T, lower case, with its flags' suffixes stripped).
 _SLURM_OUT = ("drain", "down", "fail", "maint", "reboot", "future", "unknown")
-# Which checks each tier runs, as sets (run/config.py's TIER_MARKERS: full is every check but the soak, burn the
-# fast tier and the soak): a re-proof must cover the tier that takes nodes out.
-TIER_CHECKS = {"fast": {"fast"}, "full": {"fast", "full"}, "burn": {"fast", "burn"}}
+# Which declared kinds of check each tier runs (judge/promise.py: a FAST check runs in every tier, FULL in the
+# full tier, SOAK in burn): a re-proof must cover the tier that takes nodes out.
+_DECLARED = {"fast": FAST, "full": FULL, "soak": SOAK}
+TIER_CHECKS = {tier: {kind for kind, tiers in _DECLARED.items() if tier in tiers} for tier in TIERS}
 
 
 @dataclasses.dataclass(frozen=True)
