@@ -301,7 +301,10 @@ def _export(validate_settings, node: str, events: list[history.Event], now: floa
 def after_check(done: decide.Decision | None, node: str, found: Standing, validate_settings, settings,
                 run_dir_id: str, say) -> None:
     """The history of a healthcheck that proved a node in service: taken out now (a lemon is held at once, its
-    reason saying it needs service), or returned by a person since stackproof last held it out (serviced)."""
+    reason saying it needs service), or returned by a person since stackproof last held it out (serviced).
+    --scheduler none takes nothing out: it has no history."""
+    if settings.scheduler not in ("slurm", "kubernetes"):
+        return
     state = validate_settings.health_state_dir
     try:
         events = history.load(state, node)
