@@ -168,15 +168,25 @@ def test_the_reproof_returns_keeps_out_or_holds():
     assert all(len(o.reason) <= decide.REASON_MAX for o in (back, kept, incomplete, held))
 
 
-def test_slurm_standing_from_sinfo():
-    assert resume.standing_of_slurm("n2|drained|stackproof: x rank 0\n", "n2") == resume.Standing(
-        resume.OURS, "stackproof: x rank 0")
-    assert resume.standing_of_slurm("n2|draining|stackproof: x\n", "n2").state == resume.OURS
-    assert resume.standing_of_slurm("n2|drained|operator: PSU\n", "n2") == resume.Standing(
-        resume.OTHER, "drained: operator: PSU")
-    assert resume.standing_of_slurm("n2|down*|Not responding\n", "n2").state == resume.OTHER
-    assert resume.standing_of_slurm("n2|idle|none\nn2|idle|none\n", "n2").state == resume.IN_SERVICE
-    assert resume.standing_of_slurm("n2|mixed|none\n", "n2").state == resume.IN_SERVICE
+def _scontrol(state: str, reason: str = "") -> str:
+    """`scontrol show node n2 --oneliner` as Slurm 22.05 prints it (fields cut for length)."""
+    why = f" Reason={reason} [root@2026-12-03T09:47:48]" if reason else ""
+    return (f"NodeName=n2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 State={state} ThreadsPerCore=1 "
+            f"Partitions=debug,trio  BootTime=2026-12-03T09:16:34 CapWatts=n/a{why} Comment=hello there\n")
+
+
+def test_slurm_standing_from_scontrol():
+    assert resume.slurm_query("n2")[:3] == ["scontrol", "show", "node"]
+    assert resume.standing_of_slurm(_scontrol("IDLE+DRAIN", "stackproof: x [y] rank 0"), "n2") == resume.Standing(
+        resume.OURS, "stackproof: x [y] rank 0")
+    assert resume.standing_of_slurm(_scontrol("MIXED+DRAIN", "stackproof: a=b c"), "n2").state == resume.OURS
+    assert resume.standing_of_slurm(_scontrol("IDLE+DRAIN", "operator: PSU"), "n2") == resume.Standing(
+        resume.OTHER, "idle+drain: operator: PSU")
+    assert resume.standing_of_slurm(_scontrol("DOWN*", "Not responding"), "n2").state == resume.OTHER
+    assert resume.standing_of_slurm(_scontrol("DOWN+DRAIN", "stackproof: x"), "n2").state == resume.OURS
+    assert resume.standing_of_slurm(_scontrol("IDLE"), "n2").state == resume.IN_SERVICE
+    assert resume.standing_of_slurm(_scontrol("MIXED"), "n2").state == resume.IN_SERVICE
+    assert resume.standing_of_slurm(_scontrol("IDLE"), "n22").state == resume.UNKNOWN
     assert resume.standing_of_slurm("", "n2").state == resume.UNKNOWN
     assert resume.commands("slurm", "n2", resume.Outcome(resume.RETURN, "stackproof: returned by re-proof r1")) == [
         ["scontrol", "update", "nodename=n2", "state=resume"],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 from typing import IO
@@ -31,7 +32,7 @@ LOCK_FILE = "reproof.lock"  # in the node's state folder: one re-proof at a time
 LOG_FILE = "reproof.log"  # under --reports: a detached re-proof's output
 RETURNED_ANNOTATION = f"{kubernetes.DOMAIN}/returned-by"
 SERVICE_ANNOTATION = f"{kubernetes.DOMAIN}/needs-service"
-# Slurm states a node is out of service in (sinfo %T, lower case, with its flags' suffixes stripped).
+# Slurm states a node is out of service in (scontrol's State, its flags joined by '+', lower case).
 _SLURM_OUT = ("drain", "down", "fail", "maint", "reboot", "future", "unknown")
 # Which declared kinds of check each tier runs (judge/promise.py: a FAST check runs in every tier, FULL in the
 # full tier, SOAK in burn): a re-proof must cover the tier that takes nodes out.
@@ -51,23 +52,27 @@ class Standing:
 
 
 def slurm_query(node: str) -> list[str]:
-    return ["sinfo", "--Node", "--noheader", f"--nodes={node}", "--format=%N|%T|%E"]
+    # scontrol, not sinfo: the one node, and the circuit breaker's count stays the first sinfo a check makes.
+    return ["scontrol", "show", "node", node, "--oneliner"]
 
 
-def standing_of_slurm(sinfo: str, node: str) -> Standing:
+_STATE = re.compile(r"\bState=(\S+)")
+# Slurm prints the reason, then who set it and when: "Reason=<free text> [root@2026-12-03T09:30:11]".
+_REASON = re.compile(r"\bReason=(.*?) \[[^\]\s]*@[^\]\s]*\]")
+
+
+def standing_of_slurm(scontrol: str, node: str) -> Standing:
     """slurm_query's output -> the node's standing. Ours: drained (or draining) with stackproof's reason prefix."""
-    for line in sinfo.splitlines():
-        name, _, rest = line.partition("|")
-        state, _, reason = rest.partition("|")
-        if name.strip() != node:
-            continue
-        state, reason = state.strip().lower().rstrip("*~#!%$@^-"), reason.strip()
-        if not any(word in state for word in _SLURM_OUT):
-            return Standing(IN_SERVICE)
-        if "drain" in state and reason.startswith(decide.PREFIX):
-            return Standing(OURS, reason)
-        return Standing(OTHER, f"{state}: {reason}" if reason and reason != "none" else state)
-    return Standing(UNKNOWN, f"sinfo does not list {node}")
+    if not re.search(rf"\bNodeName={re.escape(node)}\b", scontrol) or not (state := _STATE.search(scontrol)):
+        return Standing(UNKNOWN, f"scontrol does not show {node}")
+    flags = state.group(1).rstrip("*~#!%$@^-").lower()
+    reason = _REASON.search(scontrol)
+    words = reason.group(1).strip() if reason else ""
+    if not any(word in flags for word in _SLURM_OUT):
+        return Standing(IN_SERVICE)
+    if "drain" in flags and words.startswith(decide.PREFIX):
+        return Standing(OURS, words)
+    return Standing(OTHER, f"{flags}: {words}" if words else flags)
 
 
 def kubernetes_query(node: str) -> list[str]:
