@@ -229,6 +229,7 @@ def _detach(validate_settings, say) -> int:
     from stackproof.act import run as act_run
 
     log = validate_settings.reports_dir / LOG_FILE
+    log.parent.mkdir(parents=True, exist_ok=True)
     given = sys.argv[sys.argv.index("healthcheck") + 1:] if "healthcheck" in sys.argv else []
     argv = [sys.executable, "-m", "stackproof", "healthcheck", *given, "--reproof-foreground"]
     with open(log, "a") as sink:
