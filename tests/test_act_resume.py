@@ -95,7 +95,7 @@ def test_taken_out_again_within_the_window_after_a_return_is_a_lemon():
 def test_a_hold_lasts_until_a_person_services_the_node():
     held = [_ev(0, history.TAKEN_OUT), _ev(1, history.RETURNED), _ev(2, history.TAKEN_OUT),
             history.Event(2 * DAY, history.HELD, "run-2", "stackproof: needs service: x")]
-    assert history.needs_service(held, 30 * DAY) == "stackproof: needs service: x"  # past the window: still held
+    assert history.needs_service(held, 30 * DAY) == "x"  # past the window: still held (its words, no prefix)
     assert history.out_of_service(held)
     serviced = [*held, _ev(31, history.SERVICED)]
     assert history.needs_service(serviced, 31 * DAY) == "" and not history.out_of_service(serviced)
@@ -277,7 +277,7 @@ def test_the_page_shows_each_nodes_history_and_the_remedies(tmp_path):
     section = html[html.index("<h2>Node history</h2>"):]
     assert section.index(">n1<") < section.index(">n2<")
     n2 = section[section.index(">n2<"):]
-    assert "out: needs service (stackproof: needs service: taken out 2 times)" in n2
+    assert "out: needs service (taken out 2 times)" in n2
     assert "<b>taken-out</b> run run-8: stackproof: collectives::barrier GPU 3 (remedy: kill-process -&gt; " \
            "reset-gpu -&gt; reboot -&gt; service)" in n2
     assert '<td class="back">in service</td>' in section[:section.index(">n2<")]

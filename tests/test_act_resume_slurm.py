@@ -178,6 +178,7 @@ def test_a_node_comes_back_only_by_proof_and_a_lemon_is_held(cluster):
     assert "a lemon: taken out 2 times in 7 days" in again, again[-3000:]
     n2 = _node("n2", "DRAIN")
     assert n2["Reason"].startswith("stackproof: needs service: taken out 2 times in 7 days"), n2
+    assert n2["Reason"].count("needs service") == 1, n2
     prom = max(cluster.glob(f"runs/*/n2/runs/*/{history.METRICS_FILE}"), key=lambda p: p.stat().st_mtime)
     assert f'{history.NEEDS_SERVICE}{{node="n2"}} 1' in prom.read_text(), prom.read_text()
 
@@ -185,7 +186,8 @@ def test_a_node_comes_back_only_by_proof_and_a_lemon_is_held(cluster):
     assert "re-proof (full) run" in held and ": exit 0 (" in held, held[-3000:]
     assert "stays out of service; exit 86" in held and "# exit 1" in held, held[-3000:]
     n2 = _node("n2", "DRAIN")
-    assert n2["Reason"].startswith("stackproof: needs service:"), n2
+    assert n2["Reason"].startswith("stackproof: needs service: taken out 2 times in 7 days"), n2
+    assert n2["Reason"].count("needs service") == 1, n2
     assert _events(cluster, "n2")[-3:] == [history.HELD, history.REPROVED, history.HELD]
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stackproof.act import policy
+from stackproof.act.decide import PREFIX
 
 FILE = "history.json"  # in <state>/<node>/
 RUN_COPY = "node-history.json"  # the copy in a healthcheck run's folder (the page's input)
@@ -32,6 +33,7 @@ TAKEN_OUT, REPROVED, RETURNED, KEPT_OUT, HELD, SERVICED = (
     "taken-out", "re-proof", "returned", "kept-out", "held", "serviced")
 EVENTS = (TAKEN_OUT, REPROVED, RETURNED, KEPT_OUT, HELD, SERVICED)
 LEMON_WINDOW_S = 7 * 24 * 3600.0
+HOLD_PREFIX = f"{PREFIX} needs service: "  # a held node's reason (act/resume.py)
 LEMON_COUNT = 2
 
 OUT_OF_SERVICE = "stackproof_node_out_of_service"
@@ -100,7 +102,8 @@ def needs_service(events: list[Event], now: float, rule: Rule = Rule()) -> str:
     events = _since_serviced(events)
     if any(e.event == HELD for e in events):
         held = next(e for e in reversed(events) if e.event == HELD)
-        return held.reason or f"held as needing service ({held.run or _iso(held.at)})"
+        # the hold's own words, without the scheduler's prefix (the caller puts it back once)
+        return held.reason.removeprefix(HOLD_PREFIX) or f"held as needing service ({held.run or _iso(held.at)})"
     outs = [e for e in events if e.event == TAKEN_OUT and now - e.at <= rule.window_s]
     returns = [e for e in events if e.event == RETURNED]
     if len(outs) < rule.count or not any(outs[0].at <= r.at <= outs[-1].at for r in returns):

@@ -137,7 +137,7 @@ def judge(runs: list[tuple[str, Exit, decide.NodeAction | None]], run_id: str, l
         return Outcome(KEEP_OUT, decide.fit(f"{decide.PREFIX} re-proof {run_id} ({tier}) not proven: exit "
                                             f"{int(code)} ({code.meaning})"))
     if lemon:
-        return Outcome(HOLD, decide.fit(f"{decide.PREFIX} needs service: {lemon}"), (policy.SERVICE,))
+        return Outcome(HOLD, decide.fit(f"{history.HOLD_PREFIX}{lemon}"), (policy.SERVICE,))
     return Outcome(RETURN, decide.fit(f"{decide.PREFIX} returned by re-proof {run_id} "
                                       f"({'+'.join(t for t, _, _ in runs)} passed)"))
 
@@ -332,7 +332,7 @@ def after_check(done: decide.Decision | None, node: str, found: Standing, valida
         if lemon:
             from stackproof.act import run as act_run
 
-            held = Outcome(HOLD, decide.fit(f"{decide.PREFIX} needs service: {lemon}"), (policy.SERVICE,))
+            held = Outcome(HOLD, decide.fit(f"{history.HOLD_PREFIX}{lemon}"), (policy.SERVICE,))
             say(f"a lemon: {lemon}")
             act_run._run_commands(node, commands(settings.scheduler, node, held), settings, say, [])
             events.append(history.Event(now, history.HELD, run_dir_id, held.reason, held.remedy))
