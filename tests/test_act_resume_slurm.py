@@ -10,7 +10,8 @@ One node's life, in order (each step is slurmd's own health check on that node):
      evidence (the reason names the re-proof run);
   3. the fault removed: the re-proof passes and n2 is resumed, its Comment naming the run;
   4. the fault back: taken out again within the lemon window after its return: held, needs service;
-  5. the fault removed again: the re-proof passes, and n2 still stays out (a lemon is held whatever it says).
+  5. the fault removed again: the re-proof passes, and n2 still stays out (a lemon is held whatever it says);
+  6. a person services and resumes it: the next check records it serviced, its lemon count starts again.
 And n1, drained by an operator for another reason, is never checked nor resumed.
 """
 
@@ -189,6 +190,16 @@ def test_a_node_comes_back_only_by_proof_and_a_lemon_is_held(cluster):
     assert n2["Reason"].startswith("stackproof: needs service: taken out 2 times in 7 days"), n2
     assert n2["Reason"].count("needs service") == 1, n2
     assert _events(cluster, "n2")[-3:] == [history.HELD, history.REPROVED, history.HELD]
+
+    # A person services the lemon and resumes it: the next check finds it in service, records it serviced, and
+    # its count starts again (the metric back to 0).
+    _slurm("scontrol", "update", "nodename=n2", "state=resume")
+    _node("n2", "IDLE")
+    serviced = _step(cluster, "n2", broken=False)
+    assert "this node stays in service; exit 0" in serviced, serviced[-3000:]
+    assert _events(cluster, "n2")[-1] == history.SERVICED
+    prom = max(cluster.glob(f"runs/*/n2/runs/*/{history.METRICS_FILE}"), key=lambda p: p.stat().st_mtime)
+    assert f'{history.NEEDS_SERVICE}{{node="n2"}} 0' in prom.read_text(), prom.read_text()
 
 
 def test_a_node_an_operator_drained_is_never_checked_nor_resumed(cluster):
