@@ -183,7 +183,7 @@ def standing(node: str, scheduler: str | None, timeout_s: float) -> Standing:
 
 def run_id(reports_dir: Path, keep_runs: int, started: float) -> str:
     """The name of a run in reasons and the history: its folder under runs/, else when it started."""
-    from stackproof.run import folders
+    from stackproof.report import folders
 
     if keep_runs:
         return folders.current(reports_dir).name
@@ -297,7 +297,7 @@ def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[s
 
 
 def _export(validate_settings, node: str, events: list[history.Event], now: float, settings) -> None:
-    from stackproof.run import folders
+    from stackproof.report import folders
 
     run_dir = folders.current(validate_settings.reports_dir)
     if run_dir.is_dir():
