@@ -12,7 +12,8 @@ One node's life, in order (each step is slurmd's own health check on that node):
   4. the fault back: taken out again within the lemon window after its return: held, needs service;
   5. the fault removed again: the re-proof passes, and n2 still stays out (a lemon is held whatever it says);
   6. a person services and resumes it: the next check records it serviced, its lemon count starts again.
-And n1, drained by an operator for another reason, is never checked nor resumed.
+And n1, drained by an operator for another reason (while its re-proof runs, or at any time), is never checked nor
+resumed.
 """
 
 from __future__ import annotations
@@ -203,14 +204,30 @@ def test_a_node_comes_back_only_by_proof_and_a_lemon_is_held(cluster):
 
 
 def test_a_node_an_operator_drained_is_never_checked_nor_resumed(cluster):
+    # n1 taken out by stackproof; the fault removed, its detached re-proof starts; an operator drains it for a
+    # reason of their own while the re-proof runs: the passing re-proof leaves it as it is.
+    assert "this node taken out of service (n1)" in _step(cluster, "n1", broken=True)
+    started = _step(cluster, "n1", broken=False, extra="")
+    log = Path(re.search(r"its log (\S+)\)", started).group(1))
+    deadline = time.monotonic() + WAIT_S
+    while "re-proof with --reproof-tiers" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, started
+        time.sleep(0.2)
     _slurm("scontrol", "update", "nodename=n1", "state=drain", "reason=operator: replacing a PSU")
+    while "left as it is" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(1)
+    said = log.read_text()
+    assert "re-proof (full) run" in said and ": exit 0 (" in said, said[-3000:]
+    assert "during the re-proof this node became out of service for another reason" in said, said[-3000:]
+    assert "scontrol update nodename=n1 state=resume" not in said, said[-3000:]
+    assert _node("n1")["Reason"].startswith("operator: replacing a PSU")
     try:
         log = _step(cluster, "n1", broken=False)
         assert "out of service for another reason" in log and "left as it is" in log, log[-3000:]
         assert "validate not run; this node stays in service; exit 0" in log and "run: scontrol" not in log, log
         n1 = _node("n1")
         assert "DRAIN" in n1["State"] and n1["Reason"].startswith("operator: replacing a PSU"), n1
-        assert not (cluster / "state" / "n1").exists()
+        assert _events(cluster, "n1")[-1] == history.REPROVED  # the operator's drain: nothing of stackproof's
     finally:
         _slurm("scontrol", "update", "nodename=n1", "state=resume", check=False)
     assert int(Healthcheck.TAKEN_OUT) == 86

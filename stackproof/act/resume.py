@@ -279,6 +279,16 @@ def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[s
                                 else "failed", tier=",".join(t for t, _, _ in runs)))
     outcome = judge(runs, first_id, history.needs_service(events, now, settings.lemon_rule))
     failures: list[str] = []
+    # The re-proof took minutes: a person may have taken the node out for a reason of their own meanwhile (or
+    # returned it). Only a node still out by stackproof is acted on.
+    now_standing = standing(node, settings.scheduler, settings.act_timeout)
+    if now_standing.state != OURS:
+        say(f"during the re-proof this node became {now_standing.words()}: left as it is")
+        if now_standing.state == IN_SERVICE:  # returned by a person meanwhile
+            events.append(history.Event(now, history.SERVICED, first_id, "returned to service by someone else"))
+        history.save(state, node, events)
+        _export(validate_settings, node, events, now, settings)
+        return act_run.STAYS if now_standing.state == IN_SERVICE else act_run.TAKEN_OUT
     argv = commands(settings.scheduler, node, outcome)
     done = act_run._run_commands(node, argv, settings, act_run._say(out), failures)
     kind = {RETURN: history.RETURNED, KEEP_OUT: history.KEPT_OUT, HOLD: history.HELD}[outcome.verdict]
