@@ -167,6 +167,19 @@ def _attest_parsers(sub: argparse._SubParsersAction) -> None:
                    description="This node's class from NVML and sysfs, one line (docs/attest.md).")
 
 
+def _warm_agent_parser(sub: argparse._SubParsersAction) -> None:
+    from stackproof.run.warm import DEFAULT_SOCKET, SOCKET_ENV
+
+    p = sub.add_parser("warm-agent", help="stay resident with torch imported (CUDA untouched) and fork one node's "
+                                          "ranks on request: validate and healthcheck start in milliseconds",
+                       description="A warm start for validate/healthcheck on this node (stackproof/run/warm.py, "
+                                   "deploy/systemd/stackproof-warm-agent.service). Run it unprivileged; it holds "
+                                   "no GPU memory and no CUDA context while idle. Stop it with SIGTERM.")
+    p.add_argument("--socket", default=None, metavar="PATH",
+                   help=f"where to listen (default: ${SOCKET_ENV}, else {DEFAULT_SOCKET}); mode 0660")
+    p.add_argument("--group", default=None, metavar="GROUP", help="the socket's group (who may ask it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="stackproof", description=__doc__, epilog=EXIT_CODES_HELP + ".")
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
@@ -180,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     _report_parser(sub)
     _images_parser(sub)
     _bench_parser(sub)
+    _warm_agent_parser(sub)
     _attest_parsers(sub)
     return parser
 
@@ -349,6 +363,14 @@ def _node_class(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_agent(args: argparse.Namespace) -> int:
+    import os
+
+    from stackproof.run import warm
+
+    return warm.serve(args.socket or os.environ.get(warm.SOCKET_ENV) or warm.DEFAULT_SOCKET, args.group, sys.stdout)
+
+
 def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The (sub)command's own parser these args were parsed by: `stackproof images check`'s, not the top's."""
     while True:
@@ -377,7 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
                 "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench,
-                "attest": _attest, "verify-image": _verify_image, "node-class": _node_class}
+                "attest": _attest, "verify-image": _verify_image, "node-class": _node_class,
+                "warm-agent": _warm_agent}
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

@@ -22,7 +22,7 @@ from stackproof.judge.findings import Finding
 from stackproof.measure import pins, topology
 from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
-from stackproof.run import early_cuda, local_ranks, phases, settle
+from stackproof.run import early_cuda, local_ranks, phases, settle, warm
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
 from stackproof.run.visibility import hardware_verdict
@@ -87,8 +87,11 @@ def launch(settings: ValidateConfig) -> Report:
         env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}",
                **({"CUDA_VISIBLE_DEVICES": settings.visible_devices} if settings.visible_devices else {})}
         if settings.nnodes == 1 and not settings.rdzv_endpoint:
+            start, how = ((None, "cold start (--cold)") if settings.cold else
+                          warm.starter(settings.warm_socket, [settings.reports_dir]))
+            print(f"# stackproof validate: {how}", flush=True)
             outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc,
-                                      env, settings.run_timeout)
+                                      env, settings.run_timeout, start=start)
             refused = outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures)
             return settle.conclude(settings.reports_dir, sys.stdout, launcher_exit=outcome.exit_code,
                                    failures=None if refused else outcome.failures,
