@@ -10,7 +10,10 @@ reports torch.cuda.is_initialized()), starts no threads, and each rank initialis
 exactly as a cold rank does after its import. A rank is the same program either way: `stackproof validate ARGV`
 with the launcher's environment, working directory and stdout/stderr (passed over the socket), in a session of
 its own. The agent serves only launchers of the same interpreter, import path and stackproof checkout, so the
-code a warm rank runs is the code a cold one would import; anything else is refused and started cold.
+code a warm rank runs is the code a cold one would import; anything else is refused and started cold. The
+interpreter's start-up hooks (sitecustomize, usercustomize) run again in each rank with the rank's environment,
+as they would at a cold rank's start. What torch reads from the environment at its import (the OpenMP runtime's
+OMP_NUM_THREADS: set again per rank) comes from the agent's.
 
 The protocol, one JSON object per line; one connection per rank:
     -> {"op": "rank", "argv", "env", "cwd", "same": {...}, "writable": [dirs]}  + stdout, stderr fds (SCM_RIGHTS)
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import grp
+import importlib
 import json
 import os
 import selectors
@@ -81,7 +85,10 @@ class Agent:
             __import__(name)
         import torch
 
-        assert not torch.cuda.is_initialized()  # nothing above may touch CUDA: the forks would share it
+        if torch.cuda.is_initialized():  # the forks would share one CUDA context: never
+            raise ConfigError("CUDA was initialised in the warm agent while it loaded torch and stackproof (by a "
+                              "sitecustomize, a .pth file or a library on its PYTHONPATH), so its ranks cannot be "
+                              "forked from it; fix: start it from an environment that does not touch CUDA at import")
         listener = self._listen()
         signal.signal(signal.SIGTERM, lambda *_: self._stop())
         signal.signal(signal.SIGINT, lambda *_: self._stop())
@@ -256,6 +263,10 @@ def _become_rank(request: dict, fds: list[int], selector: selectors.BaseSelector
     from stackproof.run import phases
 
     phases.reset()  # this process's own start (the fork), not the agent's
+    for hook in ("sitecustomize", "usercustomize"):  # the interpreter's start-up hooks, with the rank's environment
+        module = sys.modules.get(hook)
+        if module is not None and getattr(module, "__file__", None):
+            importlib.reload(module)
     phases.mark("torch_imported")  # already: the point of the agent
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():  # the OpenMP runtime read the agent's environment at its import
