@@ -43,7 +43,6 @@ SPY = textwrap.dedent("""
         with open(os.environ["WARM_TEST_ALSO"]) as also:
             exec(compile(also.read(), os.environ["WARM_TEST_ALSO"], "exec"))
 """)
-AGENT_START_S = 180
 
 
 def _env(tmp_path: Path, broken: bool = False, **extra: str) -> dict[str, str]:
@@ -212,3 +211,22 @@ def test_an_agent_killed_mid_run_takes_its_ranks_and_the_next_healthcheck_runs_c
     assert after.returncode == 0, (after.stdout + after.stderr)[-4000:]
     assert f"cold start: no warm agent at {agent.path} (Connection refused)" in after.stdout
     assert "validate exit 0 (every check ran and passed); this node stays in service; exit 0" in after.stdout
+
+
+def test_a_launcher_killed_mid_run_takes_its_warm_ranks_with_it(tmp_path, agent):
+    """The launcher dies (SIGKILL: no handler runs): its connections drop, and the agent stops the ranks."""
+    env = _env(tmp_path, STACKPROOF_WARM_SOCKET=agent.path, WARM_TEST_SLOW_S="120")
+    launcher = subprocess.Popen([PYTHON, "-m", "stackproof", "validate", "--expect-gpus", "0", "--tier", "fast",
+                                 "--reports", str(tmp_path / "r")], env=env, cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(warm.status(agent.path)["ranks"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ranks = warm.status(agent.path)["ranks"]
+    assert len(ranks) == 2
+    launcher.kill()
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while warm.status(agent.path)["ranks"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert warm.status(agent.path)["ranks"] == [] and not [pid for pid in ranks if _alive(pid)]
