@@ -13,6 +13,9 @@ import pytest
 import torch
 
 from stackproof.judge import software
+from stackproof.judge.promise import FULL, Needs
+
+pytestmark = pytest.mark.check(FULL, Needs())
 
 ASSERT_TIMEOUT_S = 60.0  # a fresh process with a CUDA context, made to fail on purpose
 

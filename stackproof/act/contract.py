@@ -70,14 +70,13 @@ def _textfile_folder(root: Path) -> Path:
     return folders.current(root)
 
 
-def guard(argv: Sequence[str], main: Callable[[Sequence[str]], int] | None = None,
-          out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """Run `stackproof healthcheck ARGV` (through `main`, default the CLI's, imported here) and keep the contract."""
+def guard(argv: Sequence[str], main: Callable[[Sequence[str]], int], out: IO[str] | None = None,
+          err: IO[str] | None = None) -> int:
+    """Run `stackproof healthcheck ARGV` through `main` (the CLI's, which `python -m stackproof` imports inside
+    it: an import that crashes is the contract's to report too) and keep the contract."""
     out, err = out or sys.stdout, err or sys.stderr
     folder = reports_folder(argv)
     try:
-        if main is None:
-            from stackproof.cli import main
         code = main(["healthcheck", *argv])
     except SystemExit as stop:  # argparse: --help (0), a bad flag (2, its line already printed)
         if stop.code in (0, None):

@@ -4,13 +4,9 @@ functions of topology.Gpu facts; the findings name the GPU."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from stackproof.judge.bars import nvlinks_expected, pcie_expected
 from stackproof.judge.findings import RESET, RMA, Finding
-
-if TYPE_CHECKING:
-    from stackproof.measure.topology import Gpu
+from stackproof.judge.readings import Gpu
 
 RESEAT = "reseat the GPU / riser and check the slot and its BIOS link settings (lspci -vv: LnkSta vs LnkCap)"
 NVLINK_FIX = ("check the fabric (nvidia-smi nvlink -s; fabric manager on NVSwitch systems), reset the GPU; a link "
