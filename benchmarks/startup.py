@@ -152,6 +152,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs of each mode")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
+    parser.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
     parser.add_argument("args", nargs="*", help="stackproof's command and flags (default: validate --tier fast)")
     options = parser.parse_args(argv)
     args = options.args or ["validate", "--tier", "fast"]
@@ -174,8 +175,11 @@ def main(argv: list[str]) -> int:
             columns[f"{mode} {i}"] = run
             notes.append(f"# {mode} {i}: {run['_how'].removeprefix('# stackproof validate: ')}")
         columns[f"{mode} med"] = medians(runs)
-    print(table(columns))
-    print("\n".join(notes), flush=True)
+    text = f"{table(columns)}\n" + "\n".join(notes)
+    print(text, flush=True)
+    if options.out:
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(f"# python -m stackproof {' '.join(args)}\n{text}\n")
     return 0
 
 

@@ -63,7 +63,7 @@ def sameness() -> dict[str, str]:
     import stackproof
 
     return {"python": os.path.realpath(sys.executable), "stackproof": str(Path(stackproof.__file__).resolve()),
-            "pythonpath": os.environ.get("PYTHONPATH", ""), "cwd_sys_path": str(sys.path[0] == "")}
+            "pythonpath": os.environ.get("PYTHONPATH", "")}
 
 
 # ---------------------------------------------------------------------------------------------------------- agent
@@ -79,6 +79,7 @@ class Agent:
         self.ranks: dict[int, dict] = {}  # pid -> {"conn", "pidfd", "buffer"}
         self.same = sameness()
         self.stopping = False
+        self.cwd = os.getcwd()  # `python -m` put it first on sys.path; a rank's is its launcher's
 
     def serve(self, ready: Callable[[str], None] = lambda _line: None) -> int:
         for name in PRELOAD:
@@ -95,6 +96,7 @@ class Agent:
         ready(f"# stackproof warm-agent: pid {os.getpid()}, torch {torch.__version__} imported (CUDA untouched), "
               f"listening on {self.path}")
         self.selector.register(listener, selectors.EVENT_READ, ("listen", None))
+        agent_pid = os.getpid()
         try:
             while not self.stopping:
                 for key, _ in self.selector.select(timeout=1.0):
@@ -106,11 +108,12 @@ class Agent:
                     elif kind == "rank":
                         self._reap(data)
         finally:
-            for pid in list(self.ranks):
-                _kill_group(pid, signal.SIGKILL)
-            listener.close()
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+            if os.getpid() == agent_pid:  # never a forked rank's way out
+                for pid in list(self.ranks):
+                    _kill_group(pid, signal.SIGKILL)
+                listener.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
         return 0
 
     def _stop(self) -> None:
@@ -217,6 +220,8 @@ class Agent:
         if pid:
             return pid
         try:  # the rank: never returns
+            if sys.path and sys.path[0] == self.cwd:
+                sys.path[0] = request["cwd"]
             code = _become_rank(request, fds, self.selector)
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
@@ -245,8 +250,9 @@ def _become_rank(request: dict, fds: list[int], selector: selectors.BaseSelector
     for key in list(selector.get_map().values()):  # the agent's sockets and pidfds are not the rank's
         with contextlib.suppress(OSError):
             (key.fileobj.close() if hasattr(key.fileobj, "close") else os.close(key.fileobj))
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+    for sig in (signal.SIGTERM, signal.SIGCHLD):  # as a fresh interpreter has them
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the agent's death is ours
     os.setsid()  # a session of its own, as the cold launcher gives a rank: its group is stopped as one
@@ -422,5 +428,8 @@ def starter(path: str, writable: Sequence[Path]) -> tuple[Starter | None, str]:
 
 
 def serve(path: str, group: str | None, out: IO[str]) -> int:
-    """`stackproof warm-agent`: serve until SIGTERM."""
-    return Agent(path, group).serve(lambda line: print(line, file=out, flush=True))
+    """`stackproof warm-agent`: serve until SIGTERM, then leave at once (torch's teardown at exit takes seconds
+    and holds nothing the agent needs)."""
+    code = Agent(path, group).serve(lambda line: print(line, file=out, flush=True))
+    out.flush()
+    os._exit(code)
