@@ -230,3 +230,19 @@ def test_a_launcher_killed_mid_run_takes_its_warm_ranks_with_it(tmp_path, agent)
     while warm.status(agent.path)["ranks"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert warm.status(agent.path)["ranks"] == [] and not [pid for pid in ranks if _alive(pid)]
+
+
+def test_a_launcher_of_another_import_path_is_started_cold_and_told_why(tmp_path, agent):
+    """A warm rank must run the code a cold one would import: another PYTHONPATH (here one more folder on it) is
+    refused, and the run starts cold, passing, with the reason on its line."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _env(tmp_path, STACKPROOF_WARM_SOCKET=agent.path)
+    env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{elsewhere}"
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "validate", "--expect-gpus", "0", "--tier", "fast", "-k",
+                           "dev_shm", "--reports", str(tmp_path / "r")], env=env, cwd=tmp_path, text=True,
+                          capture_output=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"cold start: the warm agent at {agent.path} runs another pythonpath; fix: restart it from the " \
+           "launcher's environment" in proc.stdout, proc.stdout[-3000:]
+    assert not [s for s in _spied(tmp_path) if s["ppid"] == agent.proc.pid]
