@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stackproof.run import folders, warm  # noqa: E402 (after the checkout is on the path)
+from stackproof.report import folders  # noqa: E402 (after the checkout is on the path)
+from stackproof.run import warm  # noqa: E402
 from stackproof.run.phases import RANK_PHASES, RUN_PHASES  # noqa: E402
 
 # The rows, in the order a run passes them: what the terminal showed, and what report.json recorded.
