@@ -153,14 +153,30 @@ def test_the_socket_is_only_for_the_agents_user_and_group_and_an_idle_agent_has_
     assert stat.S_ISSOCK(os.stat(agent.path).st_mode)
     state = warm.status(agent.path)
     assert state["pid"] == agent.proc.pid and state["cuda_initialized"] is False and state["ranks"] == []
+    assert state["cuda_driver_loaded"] is False
 
 
-def test_an_agent_whose_start_up_touched_cuda_refuses_to_serve(tmp_path):
-    """torch.cuda reported initialised in the agent (patched from outside: a sitecustomize): forked ranks would
-    share one context, so it exits 2 saying why, and leaves no socket behind."""
+# What a library on the agent's path could do at import: initialise torch.cuda, or load the CUDA driver (here a
+# stand-in: the C math library under libcuda's name, so no GPU is needed to see the agent refuse).
+TOUCHES_CUDA = {
+    "torch.cuda initialised": "import torch\ntorch.cuda.is_initialized = lambda: True\n",
+    "libcuda loaded": textwrap.dedent("""
+        import ctypes, os, shutil
+        _fake = os.path.join(os.path.dirname(__file__), "libcuda.so.1")
+        shutil.copy(next(p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6",
+                                     "/usr/lib64/libm.so.6", "/lib64/libm.so.6") if os.path.exists(p)), _fake)
+        ctypes.CDLL(_fake)
+    """),
+}
+
+
+@pytest.mark.parametrize("touch", list(TOUCHES_CUDA))
+def test_an_agent_whose_start_up_touched_cuda_refuses_to_serve(tmp_path, touch):
+    """CUDA touched in the agent before any fork (from outside: a sitecustomize): forked ranks would share its
+    state, so it exits 2 saying why, and leaves no socket behind."""
     touched = tmp_path / "touched"
     touched.mkdir()
-    (touched / "sitecustomize.py").write_text("import torch\ntorch.cuda.is_initialized = lambda: True\n")
+    (touched / "sitecustomize.py").write_text(TOUCHES_CUDA[touch])
     env = _env(tmp_path)
     env["PYTHONPATH"] = f"{touched}{os.pathsep}{REPO}"
     started = Agent(tmp_path, env)

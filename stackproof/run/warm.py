@@ -22,7 +22,7 @@ The protocol, one JSON object per line; one connection per rank:
     <- {"exit": code}                 (when the rank has exited; -N: killed by signal N, as subprocess says)
 A connection closed before the rank exits (the launcher died) makes the agent kill the rank's process group;
 the agent dying kills its ranks (PR_SET_PDEATHSIG), and the launcher reads that as their exit by SIGKILL.
-    -> {"op": "status"}   <- {"pid", "cuda_initialized", "ranks": [pids], "same": {...}}
+    -> {"op": "status"}   <- {"pid", "cuda_initialized", "cuda_driver_loaded", "ranks": [pids], "same": {...}}
 """
 
 from __future__ import annotations
@@ -66,6 +66,16 @@ def sameness() -> dict[str, str]:
             "pythonpath": os.environ.get("PYTHONPATH", "")}
 
 
+def cuda_driver_loaded() -> bool:
+    """Whether this process has loaded the CUDA driver (libcuda): torch's import does not, any CUDA call does,
+    even one that makes no context (cudaGetDeviceCount, torch.cuda.is_available), and a fork after it is broken."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("libcuda.so" in line for line in maps)
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------------------------------------------------- agent
 
 
@@ -86,7 +96,7 @@ class Agent:
             __import__(name)
         import torch
 
-        if torch.cuda.is_initialized():  # the forks would share one CUDA context: never
+        if torch.cuda.is_initialized() or cuda_driver_loaded():  # the forks would share CUDA's state: never
             raise ConfigError("CUDA was initialised in the warm agent while it loaded torch and stackproof (by a "
                               "sitecustomize, a .pth file or a library on its PYTHONPATH), so its ranks cannot be "
                               "forked from it; fix: start it from an environment that does not touch CUDA at import")
@@ -179,6 +189,7 @@ class Agent:
             import torch
 
             _send(conn, {"pid": os.getpid(), "cuda_initialized": torch.cuda.is_initialized(),
+                         "cuda_driver_loaded": cuda_driver_loaded(),
                          "ranks": sorted(self.ranks), "same": self.same,
                          "unwritable": self._unwritable(request.get("writable", []))})
             return
