@@ -374,7 +374,8 @@ def _warm_agent(args: argparse.Namespace) -> int:
 
     from stackproof.run import warm
 
-    return warm.serve(args.socket or os.environ.get(warm.SOCKET_ENV) or warm.DEFAULT_SOCKET, args.group, sys.stdout)
+    return warm.serve(args.socket or os.environ.get(warm.SOCKET_ENV) or warm.DEFAULT_SOCKET, args.group, sys.stdout,
+                      main)
 
 
 def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

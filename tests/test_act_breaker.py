@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import breaker, decide, kubernetes, lock, policy, slurm
+from stackproof.act import breaker, decide, kubernetes, lock, slurm
 from stackproof.act import run as act_run
 from stackproof.act.config import ActConfig
 from stackproof.act.tool import ActError
 from stackproof.errors import Exit
+from stackproof.judge import policy
 
 POOL = frozenset({"n1", "n2", "n3", "n4"})
 NOW = 1_800_000_000.0

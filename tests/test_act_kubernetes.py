@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import decide, kubernetes, policy
+from stackproof.act import decide, kubernetes
 from stackproof.errors import Exit
+from stackproof.judge import policy
 from stackproof.judge.findings import Finding
 from stackproof.report.record import Check, Report
 

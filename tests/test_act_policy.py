@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import breaker, decide, hardware, kubernetes, policy, slurm
+from stackproof.act import breaker, decide, hardware, kubernetes, slurm
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
-from stackproof.judge import hang
+from stackproof.judge import hang, policy
 from stackproof.judge import hardware as jhardware
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding
 from stackproof.measure import topology

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import config, decide, history, kubernetes, policy, resume
+from stackproof.act import config, decide, history, kubernetes, resume
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
+from stackproof.judge import policy
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding
 from stackproof.report import metrics
 from stackproof.report.record import Check, Report

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import history, policy
+from stackproof.act import history
 from stackproof.errors import Healthcheck
+from stackproof.judge import policy
 
 pytestmark = pytest.mark.slurm
 

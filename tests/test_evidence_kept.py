@@ -5,8 +5,9 @@ withheld or nothing was acted on; a drain done, or a pass, keeps the new look.""
 
 from __future__ import annotations
 
-from stackproof.act import decide, policy
+from stackproof.act import decide
 from stackproof.act import run as act_run
+from stackproof.judge import policy
 from stackproof.judge.findings import Finding
 from stackproof.measure import watermark
 

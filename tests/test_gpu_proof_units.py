@@ -244,7 +244,7 @@ def test_digests_compare_only_within_a_model_and_say_what_was_expected():
 def test_a_two_gpu_digest_tie_isolates_neither_gpu_and_still_drains_the_node():
     """1 against 1 (issue 33): one of the two computes wrong and nothing tells which; before, both GPUs were
     failed as isolate (a GPU to take out) for one GPU's fault."""
-    from stackproof.act import policy
+    from stackproof.judge import policy
     from stackproof.judge.findings import Finding
 
     tie = per_gpu.odd_ones_out_by_model([{"model": "H200", "digest": d, "exact": True} for d in ("d1", "d2")])

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import policy
-from stackproof.judge import hang
+from stackproof.judge import hang, policy
 from stackproof.measure import stall
 
 FUSE_HOLD = Path(__file__).parent / "stuck_rank" / "fuse_hold.py"

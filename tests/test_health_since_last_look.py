@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from replay_support import install_replay
 
-from stackproof.act import policy
 from stackproof.judge import health as rules
+from stackproof.judge import policy
 from stackproof.measure import health, topology, watermark
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -104,8 +104,9 @@ def test_act_ends_within_the_deadline_against_a_scontrol_that_sleeps(tmp_path, m
     computed up front for five calls and a 2 s sleep, past the deadline)."""
     import io
 
-    from stackproof.act import decide, policy
+    from stackproof.act import decide
     from stackproof.act import run as act_run
+    from stackproof.judge import policy
 
     shims = tmp_path / "shims"
     shims.mkdir()

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from replay_support import install_replay
 
-from stackproof.act import policy
-from stackproof.judge import bars, expectation, hardware
+from stackproof.judge import bars, expectation, hardware, policy
 from stackproof.judge import health as rules
 from stackproof.measure import health, topology
 

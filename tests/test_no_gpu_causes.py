@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import policy
 from stackproof.errors import Exit
+from stackproof.judge import policy
 from stackproof.judge import reach as rules
 from stackproof.measure.cuda_reach import Reach
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from replay_support import install_replay
 
-from stackproof.act import policy
-from stackproof.judge import bars, hardware
+from stackproof.judge import bars, hardware, policy
 from stackproof.measure import topology
 
 FIXTURES = Path(__file__).parent / "fixtures"

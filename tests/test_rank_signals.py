@@ -10,8 +10,8 @@ import os
 import sys
 import time
 
-from stackproof.act import decide, policy
-from stackproof.judge import hardware
+from stackproof.act import decide
+from stackproof.judge import hardware, policy
 from stackproof.judge import health as rules
 from stackproof.measure import topology
 from stackproof.run import launcher, local_ranks

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stackproof.act import policy
-from stackproof.judge import hardware
+from stackproof.judge import hardware, policy
 from stackproof.measure import topology
 from stackproof.run import launcher, local_ranks
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from test_judge_health import SYSFS, answer, recorded
 
-from stackproof.act import decide, policy
+from stackproof.act import decide
 from stackproof.errors import ConfigError, Healthcheck
-from stackproof.judge import exceptions, health
+from stackproof.judge import exceptions, health, policy
 from stackproof.judge.findings import Finding
 from stackproof.report import folders
 from stackproof.report.record import Check, Report, read_report

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from stackproof.act import policy
 from stackproof.errors import Exit
+from stackproof.judge import policy
 from stackproof.judge.findings import Finding
 from stackproof.report.record import Report
 

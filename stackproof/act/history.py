@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stackproof.act import policy
 from stackproof.act.decide import PREFIX
+from stackproof.judge import policy
 
 FILE = "history.json"  # in <state>/<node>/
 RUN_COPY = "node-history.json"  # the copy in a healthcheck run's folder (the page's input)
@@ -57,7 +57,7 @@ class Event:
     event: str  # one of EVENTS
     run: str = ""  # the run that did it (its folder's name under runs/, or its start)
     reason: str = ""  # the scheduler's reason / what was found
-    remedy: tuple[str, ...] = ()  # the steps (act/policy.py), taken out / kept out only
+    remedy: tuple[str, ...] = ()  # the steps (judge/policy.py), taken out / kept out only
     tier: str = ""  # the proof's tiers
 
     def to_json(self) -> dict[str, Any]:

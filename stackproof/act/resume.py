@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import IO
 
-from stackproof.act import decide, history, kubernetes, lock, policy, tool
+from stackproof.act import decide, history, kubernetes, lock, tool
 from stackproof.errors import ConfigError, Exit
+from stackproof.judge import policy
 from stackproof.judge.promise import FAST, FULL, SOAK, TIERS
 
 IN_SERVICE, OURS, OTHER, UNKNOWN = "in-service", "ours", "other", "unknown"

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import IO
 
-from stackproof.act import breaker, deadline, decide, hardware, kubernetes, policy, resume, slurm, tool
+from stackproof.act import breaker, deadline, decide, hardware, kubernetes, resume, slurm, tool
 from stackproof.act import lock as breaker_lock
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit, Healthcheck
+from stackproof.judge import policy
 from stackproof.measure import watermark
 from stackproof.measure.identity import node_name
 from stackproof.measure.topology import SURVEY_DEADLINE_S, NvmlUnavailable, nvidia_gpus_on_bus

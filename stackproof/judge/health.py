@@ -57,7 +57,7 @@ XIDS = {
 APPLICATION_XIDS = {8: "GPU stopped processing (idle timeout)", 13: "graphics engine exception",
                     31: "GPU memory page fault", 43: "GPU stopped processing",
                     45: "preemptive cleanup, due to a previous error", 109: "context switch timeout"}
-# An XID in neither table: someone looks it up; unclassified never drains (act/policy.py).
+# An XID in neither table: someone looks it up; unclassified never drains (judge/policy.py).
 UNKNOWN_XID = ("not in stackproof's table", "unclassified", "triage",
                "look the XID up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) and act on its "
                "resolution bucket")

@@ -41,7 +41,7 @@ HELP = {
     FINDING: "1 per finding: the node, GPU and check to act on, with its category and severity",
     CHECK_FIX: "1 per failed check; the label fix is what to do about it",
     FIGURE: "a measured figure of a check, per rank (and GPU); the unit is a label",
-    FINDING_REMEDY: "1 per finding: its remedy (act/policy.py), first_step the cheapest, steps every step in "
+    FINDING_REMEDY: "1 per finding: its remedy (judge/policy.py), first_step the cheapest, steps every step in "
                     "order (the next when one does not clear it)",
 }
 

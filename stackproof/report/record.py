@@ -245,8 +245,8 @@ class Report:
         return [*self.findings, *(f for c in self.checks for f in c.findings)]
 
     def remedies(self) -> list[dict[str, Any]]:
-        """Every finding's typed remedy, cheapest step first (act/policy.py's REMEDIES): derived, never read back."""
-        from stackproof.act import policy
+        """Every finding's typed remedy, cheapest step first (judge/policy.py's REMEDIES): derived, never read back."""
+        from stackproof.judge import policy
 
         return [policy.remedy_json(f) for f in self.all_findings()]
 

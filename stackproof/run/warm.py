@@ -82,8 +82,8 @@ def cuda_driver_loaded() -> bool:
 class Agent:
     """The resident process: one selector loop, no threads (fork-safe), one child per rank."""
 
-    def __init__(self, path: str, group: str | None = None):
-        self.path = path
+    def __init__(self, path: str, entry: Callable[[list[str]], int], group: str | None = None):
+        self.path, self.entry = path, entry  # entry: the CLI's main, which each rank runs with its argv
         self.group = group
         self.selector = selectors.DefaultSelector()
         self.ranks: dict[int, dict] = {}  # pid -> {"conn", "pidfd", "buffer"}
@@ -233,7 +233,7 @@ class Agent:
         try:  # the rank: never returns
             if sys.path and sys.path[0] == self.cwd:
                 sys.path[0] = request["cwd"]
-            code = _become_rank(request, fds, self.selector)
+            code = _become_rank(request, fds, self.selector, self.entry)
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         except BaseException:
@@ -256,7 +256,8 @@ class Agent:
             _send(entry["conn"], {"exit": os.waitstatus_to_exitcode(status)})
 
 
-def _become_rank(request: dict, fds: list[int], selector: selectors.BaseSelector) -> int:
+def _become_rank(request: dict, fds: list[int], selector: selectors.BaseSelector,
+                 entry: Callable[[list[str]], int]) -> int:
     """In the forked child: the launcher's environment, folder and output, then `stackproof validate ARGV`."""
     for key in list(selector.get_map().values()):  # the agent's sockets and pidfds are not the rank's
         with contextlib.suppress(OSError):
@@ -291,9 +292,7 @@ def _become_rank(request: dict, fds: list[int], selector: selectors.BaseSelector
 
         torch.set_num_threads(int(threads))
     sys.argv = ["stackproof", *request["argv"]]
-    from stackproof.cli import main
-
-    return main(list(request["argv"]))
+    return entry(list(request["argv"]))
 
 
 def _kill_group(pid: int, signum: int) -> None:
@@ -438,9 +437,9 @@ def starter(path: str, writable: Sequence[Path]) -> tuple[Starter | None, str]:
     return start, f"warm start: ranks forked by the warm agent (pid {start.agent_pid}) at {path}"
 
 
-def serve(path: str, group: str | None, out: IO[str]) -> int:
+def serve(path: str, group: str | None, out: IO[str], entry: Callable[[list[str]], int]) -> int:
     """`stackproof warm-agent`: serve until SIGTERM, then leave at once (torch's teardown at exit takes seconds
-    and holds nothing the agent needs)."""
-    code = Agent(path, group).serve(lambda line: print(line, file=out, flush=True))
+    and holds nothing the agent needs). `entry`: the CLI's main, handed down by the CLI."""
+    code = Agent(path, entry, group).serve(lambda line: print(line, file=out, flush=True))
     out.flush()
     os._exit(code)
