@@ -22,6 +22,7 @@ from stackproof.act import decide, kubernetes
 from stackproof.errors import Exit
 from stackproof.judge import policy
 from stackproof.judge.findings import Finding
+from stackproof.report import outputs
 from stackproof.report.record import Check, Report
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (it is in the dev extra)")
@@ -216,7 +217,7 @@ def test_kubectl_accepts_the_taint(tmp_path):
 def test_act_tries_every_node_and_reports_each_failure(two_node_fault, tmp_path):
     """kubectl with no reachable cluster fails for every node: each is tried and named, the breaker (which
     cannot count the tainted nodes) holds the drains, and act exits 2."""
-    _every_node_found(Report.read(two_node_fault), "gpu-hardware", "isolate").write(tmp_path)
+    outputs.write(_every_node_found(Report.read(two_node_fault), "gpu-hardware", "isolate"), tmp_path)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "none",
                                       "clusters": [{"name": "none", "cluster": {"server": "http://127.0.0.1:1"}}],

@@ -20,7 +20,7 @@ from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge import policy
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding
-from stackproof.report import metrics
+from stackproof.report import metrics, outputs
 from stackproof.report.record import Check, Report
 from stackproof.run.config import TIERS
 
@@ -64,14 +64,14 @@ def test_the_remedy_is_in_report_json_the_table_and_the_textfile():
     assert ("#   n2 GPU 3: collectives::barrier [gpu-hardware, reset]: kill-process -> reset-gpu -> reboot -> "
             "service") in report.table()
     assert (f'{metrics.FINDING_REMEDY}{{node="n2",gpu="3",rank="0",check="collectives::barrier",'
-            'first_step="kill-process",steps="kill-process>reset-gpu>reboot>service"} 1') in report.prometheus()
+            'first_step="kill-process",steps="kill-process>reset-gpu>reboot>service"} 1') in metrics.textfile(report)
 
 
 def test_a_run_without_findings_prints_no_remedy():
     report = _record()
     report.checks[0].outcome, report.checks[0].findings, report.checks[0].failed_ranks = "passed", [], []
     assert report.to_json()["remedies"] == [] and "remedy" not in report.table()
-    assert metrics.FINDING_REMEDY not in report.prometheus()
+    assert metrics.FINDING_REMEDY not in metrics.textfile(report)
 
 
 # --- the history: a lemon is held -----------------------------------------------------------------------------
@@ -268,11 +268,11 @@ def test_the_page_shows_each_nodes_history_and_the_remedies(tmp_path):
         report.ranks = [{**report.ranks[0], "node": node, "host": node}]
         report.checks[0].findings = [dataclasses.replace(report.checks[0].findings[0], node=node)]
         folder = tmp_path / node
-        report.write(folder)
+        outputs.write(report, folder)
         history.export(folder, node, life, now)
         folders.append(folder)
     (tmp_path / "n3").mkdir()
-    _record().write(tmp_path / "n3")  # a report without a history: no row, no error
+    outputs.write(_record(), tmp_path / "n3")  # a report without a history: no row, no error
     out, _ = page.write([*folders, tmp_path / "n3"], tmp_path / "page.html")
     html = out.read_text()
     section = html[html.index("<h2>Node history</h2>"):]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stackproof.act.contract import BROKEN_FILE, BROKEN_METRIC
+from stackproof.report import outputs
 from stackproof.report.record import Check, Report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +43,8 @@ def _read(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def passed_run(tmp_path) -> Path:
     ranks = [{"rank": 0, "node": "n1", "host": "n1", "gpu": None}]
-    Report(ranks=ranks, checks=[Check("smoke_tests/test_01_identity.py::test_x", "passed")], complete=True,
-           started=time.time()).write(tmp_path / "run")
+    outputs.write(Report(ranks=ranks, checks=[Check("smoke_tests/test_01_identity.py::test_x", "passed")],
+                         complete=True, started=time.time()), tmp_path / "run")
     return tmp_path / "run"
 
 

@@ -125,10 +125,10 @@ def test_the_textfile_passes_promtool_lint_and_names_node_gpu_and_check(binaries
               hint='compare with a good "node"'),
         Check("test_01_host.py::test_dev_shm", outcome="skipped")]
     report.planned = [c.nodeid for c in report.checks]
-    running = report.prometheus()
+    running = metrics.textfile(report)
     assert "stackproof_run_final 0" in running and metrics.NODE_PASSED not in running  # no verdict while going
     report.complete = True
-    text = report.prometheus()
+    text = metrics.textfile(report)
     lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert lint.returncode == 0 and not lint.stdout.strip() + lint.stderr.strip(), lint.stdout + lint.stderr
     assert 'stackproof_node_passed{node="n1"} 0' in text

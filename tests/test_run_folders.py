@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stackproof.errors import ConfigError, Healthcheck
-from stackproof.report import folders
+from stackproof.report import folders, outputs
 from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
 
@@ -72,10 +72,10 @@ def test_a_run_written_into_a_folder_that_kept_runs_is_what_readers_read(tmp_pat
     from stackproof.report.record import Check, Report, read_report
 
     kept = settle.prepare(tmp_path, keep_runs=3)
-    Report(checks=[Check("t.py::old", "failed")], complete=True).write(kept.folder)
+    outputs.write(Report(checks=[Check("t.py::old", "failed")], complete=True), kept.folder)
     kept.release()
     plain = settle.prepare(tmp_path)
-    Report(checks=[Check("t.py::new", "passed")], complete=True).write(plain.folder)
+    outputs.write(Report(checks=[Check("t.py::new", "passed")], complete=True), plain.folder)
     plain.release()
     assert folders.current(tmp_path) == tmp_path.resolve()
     assert [c["name"] for c in read_report(tmp_path)["checks"]] == ["t::new"]

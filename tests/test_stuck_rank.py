@@ -18,6 +18,7 @@ import pytest
 
 from stackproof.judge import hardware, policy
 from stackproof.measure import topology
+from stackproof.report import outputs
 from stackproof.run import launcher, local_ranks
 
 FUSE_HOLD = Path(__file__).parent / "stuck_rank" / "fuse_hold.py"
@@ -92,7 +93,7 @@ def test_the_unkillable_rank_is_a_finding_in_the_report_on_its_gpu(tmp_path, mon
     settings = ValidateConfig(reports=str(tmp_path))
     found = launcher._unkillable(settings, [{"rank": 0, "pid": 4242, "state": "D", "wchan": "os_wait"}],
                                  topology.Inventory("580.159.04", "13.0", gpus))
-    Report(findings=found, override=(4, "a rank could not be stopped"), complete=True).write(tmp_path)
+    outputs.write(Report(findings=found, override=(4, "a rank could not be stopped"), complete=True), tmp_path)
     (finding,) = Report.load(tmp_path).findings  # the launcher's finding, as the settled record keeps it
     assert (finding.gpu_index, finding.uuid, finding.node, finding.rank, finding.pci_bus_id) == (
         1, "GPU-1", "gpu-node-7", 0, "00000000:11:00.0")  # rank 0 drives CUDA_VISIBLE_DEVICES' first GPU
@@ -149,7 +150,7 @@ def test_a_rank_the_kernel_could_not_kill_after_rank_0s_verdict_turns_the_run_re
                     world={"size": 1, "nodes": 1, "backend": "gloo", "local_world_size": 1})
     passed.check("test_01_host.py::test_x").outcome = "passed"
     assert passed.exit_code == Exit.OK
-    passed.write(tmp_path)
+    outputs.write(passed, tmp_path)
     gpus = [topology.Gpu(0, "NVIDIA H200", "GPU-0", 1 << 30, pci_bus_id="00000000:10:00.0")]
     found = launcher._unkillable(ValidateConfig(reports=str(tmp_path), node_name=node),
                                  [{"rank": 0, "pid": 4242, "state": "D", "wchan": "os_wait"}],

@@ -8,6 +8,7 @@ import torch
 
 from stackproof.errors import ConfigError
 from stackproof.measure import bandwidth, known_answers, topology
+from stackproof.report import outputs
 from stackproof.report.record import Check, Figure, Report
 from stackproof.run.config import ValidateConfig
 
@@ -87,7 +88,7 @@ def test_report_json_junit_and_table_agree_on_the_verdict(tmp_path):
         Check("test_02_gpus.py::test_gpu_health", "failed", message="GPU 1: 3 uncorrected ECC errors",
               hint="drain the node", failed_ranks=[1]),
         Check("test_02_gpus.py::test_every_gpu_computes", "skipped", message="needs a CUDA GPU")])
-    data = json.loads(report.write(tmp_path).read_text())
+    data = json.loads(outputs.write(report, tmp_path).read_text())
     assert (data["schema"], data["verdict"], data["exit_code"]) == ("stackproof.report/2", "FAILED", 1)
     assert data["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "planned": 3, "not_run": 0}
     assert data["checks"][0]["figures"] == {"busbw": {"value": 343.9, "unit": "GB/s"}}
@@ -110,7 +111,7 @@ def test_a_report_is_ok_only_when_complete_and_every_planned_check_ran():
     short = _finished([Check("test_01_host.py::test_dev_shm_is_large_enough")])
     short.planned.append("test_04_collectives.py::test_barrier")
     assert short.exit_code == 4 and "1 of 2 checks never ran, from collectives::barrier" in short.message
-    junit = short.junit()
+    junit = outputs.junit(short)
     assert 'errors="1"' in junit and "never ran" in junit
 
 

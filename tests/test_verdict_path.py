@@ -18,7 +18,7 @@ from stackproof.act import decide
 from stackproof.errors import ConfigError, Healthcheck
 from stackproof.judge import exceptions, health, policy
 from stackproof.judge.findings import Finding
-from stackproof.report import folders
+from stackproof.report import folders, outputs
 from stackproof.report.record import Check, Report, read_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,7 +257,7 @@ def test_act_spec_and_report_go_through_the_door(tmp_path, command):
 
 def test_act_on_a_node_the_report_does_not_have_lists_its_nodes(tmp_path):
     ranks = ranks_of("n1", per_node=1)
-    Report(ranks=ranks, override=(0, "ok"), complete=True).write(tmp_path)
+    outputs.write(Report(ranks=ranks, override=(0, "ok"), complete=True), tmp_path)
     proc = subprocess.run([PYTHON, "-m", "stackproof", "act", "--reports", str(tmp_path), "--scheduler", "none",
                            "--node", "typo"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -1,6 +1,6 @@
-"""The verdict as a contract (docs/report-format.md): report.json, junit.xml and the terminal table are written
-from the same records, and so is the exit code. In the table every non-data line starts with '#' and the last
-line is the verdict, as in nccl-tests.
+"""The verdict as a contract (docs/report-format.md): the run's record, its reader, its exit code and its terminal
+table; report.json, junit.xml and stackproof.prom are rendered from it by report/outputs.py. In the table every
+non-data line starts with '#' and the last line is the verdict, as in nccl-tests.
 
 report.json is written as soon as rank 0 knows the world (verdict INCOMPLETE, "running"), and replaced by the
 final verdict only when rank 0 finishes: a run killed at any point never leaves a passing report behind.
@@ -8,14 +8,11 @@ final verdict only when rank 0 finishes: a run killed at any point never leaves 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import json
-import os
 import platform
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -362,40 +359,6 @@ class Report:
             raise ReportUnreadable(f"{path}: expected a stackproof report.json, found {type(err).__name__}: "
                                    f"{err}") from None
 
-    def write(self, reports_dir: Path) -> Path:
-        """report.json, junit.xml and the Prometheus textfile, each replaced atomically."""
-        reports_dir.mkdir(parents=True, exist_ok=True)
-        _replace(reports_dir / REPORT_FILE, json.dumps(self.to_json(), indent=2, default=str) + "\n")
-        _replace(reports_dir / JUNIT_FILE, self.junit())
-        _replace(reports_dir / PROMETHEUS_FILE, self.prometheus())
-        return reports_dir / REPORT_FILE
-
-    # The same records as JUnit XML, for CI systems.
-    def junit(self) -> str:
-        counts = self.counts()
-        incomplete = self.exit_code not in (Exit.OK, Exit.FAILED)
-        suite = ET.Element("testsuite", name="stackproof", tests=str(len(self.checks) + incomplete),
-                           failures=str(counts["failed"]), errors=str(int(incomplete)),
-                           skipped=str(counts["skipped"]), time=f"{time.time() - self.started:.3f}")
-        for check in self.checks:
-            module, _, test = check.name.partition("::")
-            case = ET.SubElement(suite, "testcase", classname=module, name=test, time=f"{check.duration_s:.3f}")
-            if check.outcome == "failed":
-                ET.SubElement(case, "failure", message=_first_line(check.message)).text = \
-                    check.message + (f"\nfix: {check.hint}" if check.hint else "")
-            elif check.outcome == "skipped":
-                ET.SubElement(case, "skipped", message=_first_line(check.message))
-        if incomplete:
-            case = ET.SubElement(suite, "testcase", classname="stackproof", name="run")
-            ET.SubElement(case, "error", message=self.exit_code.meaning).text = self.message
-        return ET.tostring(_wrap(suite), encoding="unicode") + "\n"
-
-    # node_exporter's textfile collector format (stackproof/report/metrics.py: the names the alert rules use).
-    def prometheus(self) -> str:
-        from stackproof.report import metrics
-
-        return metrics.textfile(self)
-
     # The terminal: the check table, the node table (more than one node), the verdict.
     def table(self) -> str:
         rows = [(c.name, c.verdict, "; ".join(f"{k}={f.text()}" for k, f in c.figures.items()), self._note(c))
@@ -455,7 +418,7 @@ class Report:
         """The table's last column: why it failed (where) and the fix, or why it was skipped."""
         if check.outcome == "passed":
             return ""
-        first = _first_line(check.message)
+        first = first_line(check.message)
         if check.outcome == "failed" and check.failed_ranks and self.ranks:
             shown = check.failed_ranks[:4]
             first += " [" + "; ".join(self.where(r) for r in shown) + \
@@ -465,30 +428,8 @@ class Report:
         return first
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
-
-
-def _wrap(suite: ET.Element) -> ET.Element:
-    root = ET.Element("testsuites")
-    root.append(suite)
-    return root
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write a temporary file next to `path` and move it over it: readers see the old file or the new one. A
-    failed write leaves no temporary file, and says so in one line (ReportUnwritable)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.chmod(tmp, 0o664)  # a later run in a container (another uid) must be able to replace it
-        os.replace(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise ReportUnwritable(f"{path}: could not write the run's report ({err.strerror or err}); the checks' "
-                               "outcome is not recorded; fix: free space in the reports folder (or make it "
-                               "writable), or pass --reports DIR on a disk with room, and run again") from None
 
 
 def stale_outputs() -> Iterable[str]:

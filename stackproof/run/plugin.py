@@ -25,6 +25,7 @@ from stackproof.errors import ConfigError, Exit, RankTimeout
 from stackproof.judge import consensus, exceptions, promise
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
+from stackproof.report import outputs
 from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
 from stackproof.run import phases, smoke_tests_dir
@@ -141,7 +142,7 @@ def pytest_configure(config: pytest.Config) -> None:
         report.world = {"size": env.world_size, "nodes": len({i["node"] for i in report.ranks}),
                         "backend": env.backend, "local_world_size": env.local_world_size}
         report.image = pins.image_description()
-        report.write(settings.reports_dir)  # INCOMPLETE until the end: a killed run never leaves a pass behind
+        outputs.write(report, settings.reports_dir)  # INCOMPLETE until the end: a killed run never leaves a pass behind
     config.stash[WATCHDOG_KEY] = CheckWatchdog(env, settings.watchdog_s,
                                                lambda nodeid, message, ranks: _stalled(config, nodeid, message, ranks),
                                                suite_dirs=(smoke_tests_dir(),), node=mine.node,
@@ -390,7 +391,7 @@ def _finish(config: pytest.Config, report: Report) -> None:
     report.wall_time_s = time.time() - report.started
     report.context["syncs"] = config.stash[DIST_KEY]._seq
     report.context["peak_rss_bytes_rank0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    path = report.write(config.stash[SETTINGS_KEY].reports_dir)
+    path = outputs.write(report, config.stash[SETTINGS_KEY].reports_dir)
     if not config.stash[LAUNCHED_KEY]:
         print(f"#\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
 
@@ -419,8 +420,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         reports = config.stash[SETTINGS_KEY].reports_dir
         if env.local_rank == 0 and not env.is_main and not (reports / "report.json").exists():
             # Another node, with a reports folder of its own: it gets the verdict too (a pod's /reports).
-            Report(override=(final["exit_code"], f"{final['message']} (the full report is in rank 0's reports "
-                                                 f"folder, on {final['node']})"), complete=True).write(reports)
+            outputs.write(Report(override=(final["exit_code"], f"{final['message']} (the full report is in rank 0's "
+                                                          f"reports folder, on {final['node']})"), complete=True),
+                          reports)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

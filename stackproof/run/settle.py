@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge.findings import Finding
-from stackproof.report import folders
+from stackproof.report import folders, outputs
 from stackproof.report.record import REPORT_FILE, UNREADABLE_FILE, Report, ReportUnreadable, stale_outputs
 
 STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGKILL)
@@ -168,7 +168,7 @@ def settle(reports_dir: Path, *, launcher_exit: int | None = None, failures: lis
     report.findings.extend(findings or [])
     if (report.to_json()["exit_code"], report.override) != before or failures or kept or findings or \
             (phases and report.checks):
-        report.write(reports_dir)
+        outputs.write(report, reports_dir)
     return report
 
 

@@ -13,6 +13,7 @@ from stackproof.judge import hardware, reach
 from stackproof.judge.expectation import BUS, expected_gpus
 from stackproof.judge.findings import Finding
 from stackproof.measure import cuda_reach, identity, topology
+from stackproof.report import outputs
 from stackproof.report.record import Report
 from stackproof.run.config import ValidateConfig
 
@@ -75,6 +76,6 @@ def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], 
     lines = [f"# stackproof validate: {message}", f"# Verdict: {code.verdict} (exit code {int(code)}: "
                                                    f"{code.meaning})"]
     if write_report:
-        lines.append(f"# report: {report.write(settings.reports_dir)}")
+        lines.append(f"# report: {outputs.write(report, settings.reports_dir)}")
     print("\n".join(lines), file=out, flush=True)
     return report
