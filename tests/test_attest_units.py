@@ -177,3 +177,16 @@ echo "Error: signing: decrypt: encrypted: decryption failed" >&2; exit 1
         attest.attest(run, None, tmp_path / "cosign.key")
     assert signed.read_text() == '{"the": "predicate of the attest that succeeded"}\n'
     assert sorted(p.name for p in run.iterdir()) == sorted(["report.json", attest.PREDICATE_FILE])
+
+
+@pytest.mark.parametrize("given", ["90d", "365d"])
+def test_a_max_age_past_30_days_is_an_age_not_a_typo(given, monkeypatch):
+    """Issue 36 item 4: 90d was refused as 'found 7776000.0' (the 30-day cap on waits), so the Slurm image gate
+    refused every job on every node."""
+    from stackproof.images.attest_config import VerifyImageConfig
+
+    monkeypatch.setenv("STACKPROOF_ATTEST_MAX_AGE", given)
+    made = VerifyImageConfig.from_args(__import__("argparse").Namespace())
+    assert made.max_age == parse_duration(given)
+    with pytest.raises(ConfigError, match=r"expected an age > 0 \(30d, 12h, 90m, seconds\), found 0 s"):
+        VerifyImageConfig(max_age=0.0)
