@@ -211,6 +211,8 @@ def _healthcheck(args: argparse.Namespace) -> int:
     try:
         settings, act_settings = ValidateConfig.from_args(args), ActConfig.from_args(args)
     except ConfigError as err:
+        if args.guarded:
+            raise  # the contract says it: exit 0, and its metric that nothing was judged
         return run.bad_input(err, sys.stdout)
     return run.healthcheck(settings, act_settings, sys.stdout)
 
@@ -359,7 +361,9 @@ def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
         parser = subs[0].choices[chosen]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, guarded: bool = False) -> int:
+    """`guarded`: healthcheck runs inside its contract (act/contract.py), which reports bad input itself (its
+    metric says the node was not judged); otherwise bad input to healthcheck is its exit 0 here."""
     pipes.keep_exit_code()  # `stackproof ... | head -1`: the command's exit code, not a BrokenPipeError's
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -368,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:  # said by the subcommand's parser: its usage, its --help (argparse would print the top's)
             _innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:
-        if stop.code == Exit.USAGE and argv[:1] == ["healthcheck"]:
+        if stop.code == Exit.USAGE and argv[:1] == ["healthcheck"] and not guarded:
             # The scheduler's contract: a typo in a Prolog's flags is bad input, never a drain.
             from stackproof.act.run import STAYS
 
@@ -379,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
                 "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench,
                 "attest": _attest, "verify-image": _verify_image, "node-class": _node_class}
+    args.guarded = guarded
     try:
         return int(commands[args.command](args))
     except StackproofError as err:
