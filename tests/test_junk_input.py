@@ -64,3 +64,23 @@ def test_junk_is_refused_naming_where_it_came_from(capsys, monkeypatch, tmp_path
 
 def test_a_signal_is_named_as_the_launchers_name_it():
     assert parse_signal("SIGTERM") == parse_signal("term") == parse_signal("15") == "SIGTERM"
+
+
+@pytest.mark.parametrize(("command", "damage", "words"), [
+    (["spec"], lambda d: d["tables"].update(per_gpu_facts=[1, 2]),
+     "field 'tables.per_gpu_facts': expected a JSON array of objects, found int '1'"),
+    (["report"], lambda d: [n.update(gpus=[1, 2]) for n in d["nodes"]],
+     "field 'nodes[0].gpus': expected a JSON array of objects, found int '1'"),
+])
+def test_a_report_of_the_wrong_shape_is_one_line_not_a_traceback(capsys, tmp_path, command, damage, words):
+    """Issue 36 item 10: spec and report raised AttributeError on rows that are not objects."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "spec" / "h200x2-report.json").read_text())
+    damage(data)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "report.json").write_text(json.dumps(data))
+    code = main([*command, str(tmp_path / "run"), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == Exit.USAGE and words in err and "fix: " in err and len(err.strip().splitlines()) == 1, err

@@ -82,6 +82,15 @@ def read_report(path: Path) -> dict[str, Any]:
             if not isinstance(entry, dict) or not isinstance(entry.get("node"), str) or not entry["node"]:
                 raise ConfigError(f"{path}: field {field!r}: expected entries each with a node name, found "
                                   f"{str(entry)[:60]!r}; {fix}")
+    # Rows the readers index by name (spec's per_gpu_facts, report's nodes[].gpus): objects, else a traceback.
+    rows = {f"tables.{name}": table for name, table in (data.get("tables") or {}).items()} \
+        if isinstance(data.get("tables", {}), dict) else {"tables": data["tables"]}
+    rows.update({f"nodes[{i}].gpus": node.get("gpus", []) for i, node in enumerate(data["nodes"])})
+    for where, table in rows.items():
+        odd = table if not isinstance(table, list) else next((r for r in table if not isinstance(r, dict)), None)
+        if odd is not None:
+            raise ConfigError(f"{path}: field {where!r}: expected a JSON array of objects, found "
+                              f"{type(odd).__name__} {str(odd)[:40]!r}; {fix}")
     return data
 
 
