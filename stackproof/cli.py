@@ -232,7 +232,8 @@ def _baseline(args: argparse.Namespace) -> int:
 
     from stackproof.measure import baseline
 
-    output = files.output_file(args.output, "baseline", "baseline.json", args.reports)
+    output = files.output_file(args.output, "baseline", "baseline.json", args.reports,
+                               remakes=files.remade_json(baseline.SCHEMA))
     made, said = baseline.make(args.reports)
     files.write_text(output, json.dumps(made, indent=2) + "\n")
     print("\n".join(said))
@@ -249,7 +250,7 @@ def _spec(args: argparse.Namespace) -> int:
     from stackproof.judge import spec
     from stackproof.report.record import read_report
 
-    out = files.output_file(args.output, "spec", "spec.json", args.reports)
+    out = files.output_file(args.output, "spec", "spec.json", args.reports, remakes=files.remade_json(spec.SCHEMA))
     made = spec.make_spec({str(path): read_report(path) for path in args.reports})
     files.write_text(out, json.dumps(made, indent=2) + "\n")
     for warning in spec.unheld(made):
@@ -264,7 +265,8 @@ def _spec(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from stackproof.report import page
 
-    output = files.output_file(args.output, "HTML page", "page.html", [*args.reports, *args.reference])
+    output = files.output_file(args.output, "HTML page", "page.html", [*args.reports, *args.reference],
+                               remakes=lambda path: path.suffix in (".html", ".htm"))
     path, missing = page.write(args.reports, output, references=args.reference)
     for folder in missing:
         print(f"stackproof: warning: {folder}: expected a report.json, found none; the page lists it as missing "
