@@ -192,9 +192,12 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _verdict(args: argparse.Namespace) -> int:
     from stackproof.report.attestation import read_record, record_line
+    from stackproof.report.record import REPORT_FILE
     from stackproof.run import folders, settle
 
-    reports = folders.current(args.reports)  # a folder that keeps its runs: the newest
+    # A folder that keeps its runs: the newest; a run's report.json: its folder (as act and report take it).
+    reports = args.reports.parent if args.reports.name == REPORT_FILE and args.reports.is_file() \
+        else folders.current(args.reports)
     attested = read_record(reports)
     if attested:  # before the table: the last two lines stay the verdict and the report's path
         print(f"# stackproof: {record_line(attested)}", flush=True)

@@ -50,6 +50,11 @@ JUNK = [
      "STACKPROOF_REPORTS, unset it, or pass --reports"),
     (["validate", "--reports", "/proc/version/r"], None,
      "--reports: expected a folder (or one to make), found /proc/version, a file, on the way to it"),
+    # Issue 36 item 13: accepted without a word.
+    (["validate"], {"STACKPROOF_IMAGE_REF": "not a ref"},
+     "STACKPROOF_IMAGE_REF='not a ref': expected an image reference REPO@sha256:<64 hex> (or REPO:TAG)"),
+    (["validate", "--baseline-tolerance", "0.1"], None,
+     "--baseline-tolerance 0.1: expected with --baseline FILE (the figures it loosens), found no --baseline"),
 ]
 
 
@@ -84,3 +89,19 @@ def test_a_report_of_the_wrong_shape_is_one_line_not_a_traceback(capsys, tmp_pat
     code = main([*command, str(tmp_path / "run"), "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == Exit.USAGE and words in err and "fix: " in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_verdict_takes_a_runs_report_json_as_act_does_and_junk_json_is_named(capsys, tmp_path):
+    """Issue 36 item 13: `verdict --reports <run>/report.json` said no such folder; a report.json holding null
+    was "found 'a JSON NoneType'"."""
+    import json
+    import time
+
+    from stackproof.report.record import Check, Report
+
+    Report(checks=[Check("t.py::x", "passed")], complete=True, started=time.time()).write(tmp_path / "run")
+    assert main(["verdict", "--reports", str(tmp_path / "run" / "report.json")]) == Exit.OK
+    assert "# Verdict: OK" in capsys.readouterr().out
+    (tmp_path / "null.json").write_text(json.dumps(None))
+    assert main(["spec", str(tmp_path / "null.json"), "-o", str(tmp_path / "s.json")]) == Exit.USAGE
+    assert "found 'a JSON null'" in capsys.readouterr().err

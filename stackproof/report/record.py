@@ -71,7 +71,7 @@ def read_report(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a stackproof report.json, found {getattr(err, 'strerror', None) or err}"
                           f"; {fix}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        found = data.get("schema") if isinstance(data, dict) else f"a JSON {_JSON_NAMES.get(type(data), 'value')}"
         raise ConfigError(f"{path}: field 'schema': expected {SCHEMA!r}, found {found!r}; {fix}")
     for name, kind in SHAPE.items():
         if not isinstance(data.get(name), kind):
@@ -92,6 +92,10 @@ def read_report(path: Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: field {where!r}: expected a JSON array of objects, found "
                               f"{type(odd).__name__} {str(odd)[:40]!r}; {fix}")
     return data
+
+
+_JSON_NAMES = {type(None): "null", bool: "true/false", int: "number", float: "number", str: "string",
+               list: "array"}
 
 
 def _json_kind(kind: type | tuple[type, ...]) -> str:
