@@ -296,3 +296,13 @@ def test_healthchecks_plan_is_a_pure_function_of_flags_environment_bus_and_gpu_u
     assert everything.nothing_to_check
     unread = plan(ValidateConfig(), ActConfig(scheduler="none", skip_busy_gpus=True), {}, bus, "NVML cannot answer")
     assert unread.said == ("--skip-busy-gpus: NVML cannot answer; no GPU skipped",)
+
+
+def test_a_scheduler_node_name_that_is_no_name_is_blamed_on_its_variable(tmp_path):
+    """Issue 36 item 13: SLURMD_NODENAME='bad name' was blamed on --node-name, a flag nobody gave."""
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "healthcheck", "--scheduler", "none", "--reports",
+                           str(tmp_path), "-k", "barrier"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SLURMD_NODENAME": "bad name"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stackproof: SLURMD_NODENAME='bad name': expected a node name" in proc.stderr, proc.stderr
+    assert "--node-name" not in proc.stderr and "fix: pass --node NAME" in proc.stderr
