@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 from stackproof.settings import Settings, not_blank, option
@@ -18,6 +19,15 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"expected a duration such as 30d, 12h, 90m, 45s or seconds, found {text!r}")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def key_file(v: str | None) -> str | None:
+    """A cosign key the signing or the verifying reads: a file this user can read (not cosign's many lines)."""
+    if v is None or (os.path.isfile(v) and os.access(v, os.R_OK)):
+        return None
+    found = "a folder" if os.path.isdir(v) else "a file this user may not read" if os.path.exists(v) else \
+        "no such file"
+    return f"expected a cosign key file (cosign generate-key-pair makes one), found {found}: {v!r}"
 
 
 def age(v: float | None) -> str | None:
