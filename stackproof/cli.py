@@ -54,7 +54,7 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
                    help="the launcher was interrupted by SIGNAL (SIGTERM, TERM or 15)")
 
 
-# healthcheck keeps its runs (run/folders.py): the run that drained a node outlives the hourly ones after it.
+# healthcheck keeps its runs (report/folders.py): the run that drained a node outlives the hourly ones after it.
 HEALTHCHECK_DEFAULTS = {"tier": "fast", "keep_runs": 20}
 
 
@@ -191,9 +191,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _verdict(args: argparse.Namespace) -> int:
+    from stackproof.report import folders
     from stackproof.report.attestation import read_record, record_line
     from stackproof.report.record import REPORT_FILE
-    from stackproof.run import folders, settle
+    from stackproof.run import settle
 
     # A folder that keeps its runs: the newest; a run's report.json: its folder (as act and report take it).
     reports = args.reports.parent if args.reports.name == REPORT_FILE and args.reports.is_file() \
@@ -233,7 +234,7 @@ def _act(args: argparse.Namespace) -> int:
 def _baseline(args: argparse.Namespace) -> int:
     import json
 
-    from stackproof.measure import baseline
+    from stackproof.report import baseline
 
     output = files.output_file(args.output, "baseline", "baseline.json", args.reports,
                                remakes=files.remade_json(baseline.SCHEMA))

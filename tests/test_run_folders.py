@@ -1,4 +1,4 @@
-"""Each run in its own folder (--keep-runs, run/folders.py; issue 25 item 6): the links, the retention, a run
+"""Each run in its own folder (--keep-runs, report/folders.py; issue 25 item 6): the links, the retention, a run
 still going never removed, and real runs: validate three times keeps the newest two; healthcheck's drained run
 stays under `last-acted` while later passing runs come and go."""
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from stackproof.errors import ConfigError, Healthcheck
-from stackproof.run import folders, settle
+from stackproof.report import folders
+from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
 
 REPO = Path(__file__).resolve().parents[1]

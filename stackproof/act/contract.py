@@ -63,9 +63,9 @@ def write_metric(folder: Path | None, broken: bool, reason: str = "") -> str:
 
 
 def _textfile_folder(root: Path) -> Path:
-    """Beside the newest run's stackproof.prom (`latest`, run/folders.py, where node_exporter reads), else root."""
+    """Beside the newest run's stackproof.prom (`latest`, report/folders.py, where node_exporter reads), else root."""
     try:
-        from stackproof.run import folders
+        from stackproof.report import folders
     except Exception:  # a broken install: the reports folder itself
         return root
     return folders.current(root)

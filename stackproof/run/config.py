@@ -13,10 +13,10 @@ from stackproof.errors import ConfigError
 from stackproof.files import folder_problem
 from stackproof.judge.promise import TIERS
 from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
-from stackproof.measure.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.measure.fabric import SYSFS
 from stackproof.measure.health import KERNEL_LOG
 from stackproof.measure.topology import PCI_DEVICES
+from stackproof.report.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.run import launch_env
 from stackproof.settings import (
     Settings,
