@@ -78,7 +78,7 @@ def _act_parsers(sub: argparse._SubParsersAction) -> None:
                                    "policy of healthcheck (docs/act.md). Exit 0 when done (acting or not), 2 when "
                                    "the report cannot be read or any node's action failed (every node is tried).")
     p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
-    ActConfig.add_arguments(p)
+    ActConfig.add_arguments(p, hidden=ActConfig.HEALTHCHECK_ONLY)
 
 
 def _baseline_parser(sub: argparse._SubParsersAction) -> None:

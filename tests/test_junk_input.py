@@ -105,3 +105,11 @@ def test_verdict_takes_a_runs_report_json_as_act_does_and_junk_json_is_named(cap
     (tmp_path / "null.json").write_text(json.dumps(None))
     assert main(["spec", str(tmp_path / "null.json"), "-o", str(tmp_path / "s.json")]) == Exit.USAGE
     assert "found 'a JSON null'" in capsys.readouterr().err
+
+
+def test_act_help_lists_no_flag_act_refuses(capsys):
+    """Issue 36 item 13: `act --help` listed --skip-busy-gpus, which act refuses; healthcheck's lists it."""
+    for command, listed in (("act", False), ("healthcheck", True)):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert ("--skip-busy-gpus" in capsys.readouterr().out) == listed, command
