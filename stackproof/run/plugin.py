@@ -52,6 +52,8 @@ FOUND_KEY = pytest.StashKey[list]()
 CLASS_KEY = pytest.StashKey[tuple | None]()
 ERROR_KEY = pytest.StashKey[tuple | None]()
 IDENTITY_KEY = pytest.StashKey[identity.RankIdentity]()
+# How far along the run is: the checks started, and the module of the last one.
+PROGRESS_KEY = pytest.StashKey[list]()
 
 
 class Handover:
@@ -238,6 +240,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     watchdog = config.stash[WATCHDOG_KEY]
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[FOUND_KEY] = [], {}, []
     config.stash[CLASS_KEY] = config.stash[ERROR_KEY] = None
+    _progress(item)
     watchdog.arm(item.nodeid)
     try:
         result = yield
@@ -247,6 +250,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return result
     finally:
         watchdog.disarm()
+
+
+def _progress(item: pytest.Item) -> None:
+    """Rank 0 says each module as it starts, and how far along the run is: a CPU run's modules take minutes, and
+    the header alone left a person waiting without a word (issue 36 item 14)."""
+    started = item.config.stash.setdefault(PROGRESS_KEY, [0, None])
+    started[0] += 1
+    if item.module is started[1]:
+        return
+    started[1] = item.module
+    if item.config.stash[DIST_KEY].is_main:
+        name = Report().check(item.nodeid).name.split("::")[0]
+        print(f"# [{started[0]}/{len(item.session.items)}] {name} ...", file=item.config.stash[STDOUT_KEY],
+              flush=True)
 
 
 @pytest.hookimpl(wrapper=True)
