@@ -27,7 +27,7 @@ from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_erro
 from stackproof.measure import identity, pins
 from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
-from stackproof.run import phases, smoke_tests_dir
+from stackproof.run import faults, phases, smoke_tests_dir
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import launcher_started, run_ends
 from stackproof.run.watchdog import CheckWatchdog
@@ -420,6 +420,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.INTERRUPTED and not report.override:
         report.override = (Exit.INTERRUPTED, f"interrupted after {len(report.checks)} of {len(report.planned)} "
                                              "checks (Ctrl-C / SIGTERM)")
+    if not report.override and (never := faults.never_injected(config.stash[SETTINGS_KEY])):
+        report.override = (Exit.USAGE, never)  # on every rank: they ran the same checks
     if env.is_main:
         _finish(config, report)
     config.stash[VERDICT_KEY] = int(report.exit_code)
