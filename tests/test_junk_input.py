@@ -53,6 +53,8 @@ JUNK = [
     # Issue 36 item 13: accepted without a word.
     (["validate"], {"STACKPROOF_IMAGE_REF": "not a ref"},
      "STACKPROOF_IMAGE_REF='not a ref': expected an image reference REPO@sha256:<64 hex> (or REPO:TAG)"),
+    (["validate", "--visible-devices", "abc"], None,
+     "--visible-devices: expected GPU indices or UUIDs, comma-separated (0,1 or GPU-8f6a...), found 'abc'"),
     (["validate", "--baseline-tolerance", "0.1"], None,
      "--baseline-tolerance 0.1: expected with --baseline FILE (the figures it loosens), found no --baseline"),
 ]

@@ -57,6 +57,16 @@ _REFERENCE = re.compile(r"(?:[A-Za-z0-9.-]+(?::\d+)?/)?[a-z0-9][a-z0-9._/-]*(?::
                         r"(?:@sha256:[0-9a-f]{64})?")
 
 
+# CUDA_VISIBLE_DEVICES' entries: an index, a GPU or MIG UUID (or its GPU- prefix), a UUID without "GPU-".
+_DEVICE = r"(?:\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9A-Za-z/-]+|[0-9a-fA-F]{8}-[0-9a-fA-F-]+)"
+_DEVICES = re.compile(rf"{_DEVICE}(?:,{_DEVICE})*")
+
+
+def device_list(v: str | None) -> str | None:
+    return None if v is None or _DEVICES.fullmatch(v.replace(" ", "")) else \
+        f"expected GPU indices or UUIDs, comma-separated (0,1 or GPU-8f6a...), found {v!r}"
+
+
 def image_reference(v: str | None) -> str | None:
     return None if v is None or _REFERENCE.fullmatch(v) else \
         f"expected an image reference REPO@sha256:<64 hex> (or REPO:TAG), found {v!r}"
@@ -185,7 +195,7 @@ class ValidateConfig(Settings):
     visible_devices: str | None = option(None, "check only these GPUs (indices or UUIDs, comma-separated, as "
                                                "CUDA_VISIBLE_DEVICES; the launcher hands them to its ranks so); "
                                                "default: every GPU this process sees", metavar="LIST",
-                                         check=not_blank)
+                                         check=device_list)
     node_name: str | None = option(None, "this node's name in the report (what a drain or a taint names; default "
                                          "SLURMD_NODENAME, else the host name)", metavar="NAME", check=node_name,
                                    env=NODE_NAME_ENV)
