@@ -425,7 +425,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if env.is_main:
         _finish(config, report)
     config.stash[VERDICT_KEY] = int(report.exit_code)
-    if env.world_size > 1 and not report.override:
+    # Skipped only when a peer may not answer (one timed out, or the run was interrupted): a rank with bad input
+    # (said on every rank, or only on some) still agrees, so that no rank hands in to a rank 0 that left.
+    if env.world_size > 1 and not (report.override and report.override[0] in (Exit.INCOMPLETE, Exit.INTERRUPTED)):
         # Nobody exits before rank 0 has written the verdict (under a bare torchrun a rank's non-zero exit makes
         # torchrun stop the others), and every rank leaves knowing it.
         try:
