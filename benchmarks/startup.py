@@ -1,15 +1,19 @@
-"""Where a validation run's wall time goes: start, imports, CUDA init, process-group init, checks, teardown.
+"""Where a validation run's wall time goes, cold and warm side by side: start, imports, CUDA init, process-group
+init, checks, teardown.
 
-    python benchmarks/startup.py                              # validate --tier fast, 3 runs
+    python benchmarks/startup.py                              # validate --tier fast: 3 cold, 3 warm runs
     python benchmarks/startup.py --runs 2 -- healthcheck --scheduler none
-    python benchmarks/startup.py -- validate                  # the full tier
+    python benchmarks/startup.py --modes cold -- validate     # the full tier, cold only
 
 Runs `python -m stackproof ARGS --reports TMP` and prints one row per phase, in seconds since the command
 started: what the terminal showed (the header line, the verdict line, the exit) and what the run recorded in
 report.json's context["phases"] (epoch times: the launcher's start and its ranks' start, each rank's torch import,
-CUDA init, process group, then the checks and the report; the slowest rank's time for per-rank phases), plus the
-sum of the checks' own durations. Figures, not a test: the targets (issue 19: fast tier <= 10 s on one warm GPU,
-<= 15 s on 8) are read here, never asserted in CI.
+CUDA init, process group, then the checks and the ranks' exit; the slowest rank's time for per-rank phases), plus
+the sum of the checks' own durations. `cold`: with --cold, each rank imports torch; `warm`: the ranks are forked
+by a warm agent (stackproof warm-agent, started here on a private socket from this environment; its own start-up
+is printed, not counted). After the warm runs the idle agent is asked whether CUDA is initialised in it, and NVML
+whether it holds any GPU. Figures, not a test: the targets (issue 35: healthcheck <= 5 s warm on one H200) are
+read here, never asserted in CI.
 
 Measured on 1 x H200 (warm, torch 2.11, medians of 3): validate --tier fast 7.5 s (23.3 s with torchrun's agent and
 the launcher importing torch), healthcheck --scheduler none 7.8 s (24.6 s); the ranks' import of torch is 3.4-4.4 s
@@ -19,43 +23,54 @@ of it, the checks 1.3 s. The full tier: 28 s warm (47 s before).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stackproof.run.phases import RANK_PHASES, RUN_PHASES  # noqa: E402 (after the checkout is on the path)
+from stackproof.report import folders  # noqa: E402 (after the checkout is on the path)
+from stackproof.run import warm  # noqa: E402
+from stackproof.run.phases import RANK_PHASES, RUN_PHASES  # noqa: E402
 
 # The rows, in the order a run passes them: what the terminal showed, and what report.json recorded.
 ORDER = ("launcher_started", "header", *RANK_PHASES, "checks_started", "first_table_line", "checks_done",
          "ranks_exited", "verdict", "exit")
+MODES = ("cold", "warm")
+AGENT_START_S = 300.0
 
 
-def one_run(args: list[str], timeout_s: float) -> dict[str, float | None]:
+def one_run(args: list[str], timeout_s: float, extra: list[str]) -> dict[str, float | None]:
     with tempfile.TemporaryDirectory(prefix="stackproof-startup-") as reports:
-        command = [sys.executable, "-m", "stackproof", *args, "--reports", reports]
+        command = [sys.executable, "-m", "stackproof", *args, *extra, "--reports", reports]
         seen: dict[str, float | None] = {"header": None, "first_table_line": None, "verdict": None}
         begin = time.time()
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert proc.stdout is not None
+        started_how = ""
         for line in proc.stdout:
             now = time.time() - begin
             if line.startswith("# stackproof validate:") and seen["header"] is None:
                 seen["header"] = now
+            elif line.startswith("# stackproof validate:") and " start" in line and not started_how:
+                started_how = line.strip()
             elif seen["header"] is not None and seen["first_table_line"] is None and line.strip():
                 seen["first_table_line"] = now
             if line.startswith("# Verdict:"):
                 seen["verdict"] = now
         rc = proc.wait(timeout=timeout_s)
         seen["exit"] = time.time() - begin
-        try:
-            report = json.loads((Path(reports) / "report.json").read_text())
+        try:  # healthcheck keeps its runs (--keep-runs): the newest
+            report = json.loads((folders.current(Path(reports)) / "report.json").read_text())
         except (OSError, ValueError):
             report = {}
     phases = report.get("context", {}).get("phases", {})
@@ -64,39 +79,109 @@ def one_run(args: list[str], timeout_s: float) -> dict[str, float | None]:
     for name in RANK_PHASES:  # the slowest rank's
         times = [r[name] for r in phases.get("ranks") or [] if r.get(name)]
         seen[name] = max(times) - begin if times else None
-    row = {name: seen.get(name) for name in ORDER}
+    row: dict = {name: seen.get(name) for name in ORDER}
     row["exit code"] = rc
     row["checks (sum of their own seconds)"] = sum(c.get("duration_s", 0.0) for c in report.get("checks", []))
+    if seen.get("checks_done") is not None and seen.get("ranks_exited") is not None:
+        row["ranks' exit after the checks"] = seen["ranks_exited"] - seen["checks_done"]
     for check in report.get("checks", []):
         row[f"  {check['name']}"] = check.get("duration_s")
+    row["_how"] = started_how
     return row
 
 
-def table(runs: list[dict[str, float | None]]) -> str:
+@contextlib.contextmanager
+def agent(socket_path: str) -> Iterator[subprocess.Popen]:
+    """A warm agent from this environment, on a private socket, for the warm runs."""
+    begin = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "stackproof", "warm-agent", "--socket", socket_path],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    try:
+        ready = proc.stdout.readline().strip()
+        if not ready:
+            raise SystemExit(f"the warm agent did not start (exit {proc.wait(timeout=AGENT_START_S)})")
+        print(f"{ready} (after {time.time() - begin:.2f} s)", flush=True)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def idle_agent(socket_path: str, pid: int) -> str:
+    """What the idle agent holds: CUDA (its own answer) and GPUs (NVML's list of each GPU's processes)."""
+    state = warm.status(socket_path)
+    words = (f"# idle warm agent (pid {pid}): CUDA initialised in it: {'YES' if state['cuda_initialized'] else 'no'}, "
+             f"CUDA driver (libcuda) loaded: {'YES' if state['cuda_driver_loaded'] else 'no'}")
+    try:
+        from stackproof.act.hardware import gpu_use
+
+        use = gpu_use()
+    except Exception as err:  # no NVML here (CPU ranks): said, not a failure of the benchmark
+        return f"{words}; NVML: {err}"
+    held = [u.index for u in use if pid in u.pids]
+    return (f"{words}; NVML: {'on GPU(s) ' + str(held) if held else 'in no GPU'}'s compute/graphics processes "
+            f"({len(use)} GPU(s); their processes: {[list(u.pids) for u in use]})")
+
+
+def table(columns: dict[str, dict[str, float | None]]) -> str:
     names: list[str] = []
-    for run in runs:
-        names += [n for n in run if n not in names]
-    lines = [f"# {'phase':<48} " + " ".join(f"{'run ' + str(i + 1):>8}" for i in range(len(runs))) + f" {'median':>8}",
+    for run in columns.values():
+        names += [n for n in run if n not in names and not n.startswith("_")]
+    width = max(8, *(len(c) for c in columns))
+    lines = [f"# {'phase':<48} " + " ".join(f"{c:>{width}}" for c in columns),
              f"# {'(s since the command started; checks: own seconds)':<48}"]
     for name in names:
-        values = [run.get(name) for run in runs]
-        known = [v for v in values if v is not None]
-        cells = " ".join(f"{v:>8.2f}" if v is not None else f"{'-':>8}" for v in values)
-        median = f"{statistics.median(known):>8.2f}" if known else f"{'-':>8}"
-        lines.append(f"  {name:<48} {cells} {median}")
+        cells = " ".join(f"{v:>{width}.2f}" if (v := run.get(name)) is not None else f"{'-':>{width}}"
+                         for run in columns.values())
+        lines.append(f"  {name:<48} {cells}")
     return "\n".join(lines)
+
+
+def medians(runs: list[dict]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name in dict.fromkeys(n for run in runs for n in run if not n.startswith("_")):
+        known = [v for run in runs if (v := run.get(name)) is not None]
+        out[name] = statistics.median(known) if known else None
+    return out
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3, help="runs of each mode")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
+    parser.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
     parser.add_argument("args", nargs="*", help="stackproof's command and flags (default: validate --tier fast)")
     options = parser.parse_args(argv)
     args = options.args or ["validate", "--tier", "fast"]
-    runs = [one_run(args, options.timeout) for _ in range(options.runs)]
-    print(f"# python -m stackproof {' '.join(args)}: {options.runs} run(s)")
-    print(table(runs))
+    modes = [m for m in options.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: expected some of {', '.join(MODES)}, found {options.modes!r}")
+    print(f"# python -m stackproof {' '.join(args)}: {options.runs} run(s) each of {', '.join(modes)}", flush=True)
+    columns: dict[str, dict] = {}
+    notes: list[str] = []
+    for mode in modes:
+        if mode == "cold":
+            runs = [one_run(args, options.timeout, ["--cold"]) for _ in range(options.runs)]
+        else:
+            with tempfile.TemporaryDirectory(prefix="stackproof-warm-") as folder:
+                path = os.path.join(folder, "warm.sock")
+                with agent(path) as proc:
+                    runs = [one_run(args, options.timeout, ["--warm-socket", path]) for _ in range(options.runs)]
+                    notes.append(idle_agent(path, proc.pid))
+        for i, run in enumerate(runs, 1):
+            columns[f"{mode} {i}"] = run
+            notes.append(f"# {mode} {i}: {run['_how'].removeprefix('# stackproof validate: ')}")
+        columns[f"{mode} med"] = medians(runs)
+    text = f"{table(columns)}\n" + "\n".join(notes)
+    print(text, flush=True)
+    if options.out:
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(f"# python -m stackproof {' '.join(args)}\n{text}\n")
     return 0
 
 

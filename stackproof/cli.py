@@ -15,13 +15,14 @@ from pathlib import Path
 from stackproof import __version__, files, pipes
 from stackproof.errors import HEALTHCHECK_EXIT_HELP, ConfigError, Exit, StackproofError
 from stackproof.run.config import ValidateConfig
-from stackproof.run.launch_env import LAUNCHED_ENV
+from stackproof.run.launch_env import LAUNCHED_ENV, RUN_ENDS_ENV
 from stackproof.settings import argument, parse_seconds, parse_signal
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
 ENVIRONMENT_HELP = ("environment: " + ", ".join(f"{name} (as {flag})" for name, flag in
                                                 ValidateConfig.environment().items())
-                    + f"; a flag given wins. {LAUNCHED_ENV} is set by the launcher that starts the ranks.")
+                    + f"; a flag given wins. {LAUNCHED_ENV} and {RUN_ENDS_ENV} (when it stops them) are set by the "
+                    "launcher that starts the ranks.")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -167,12 +168,29 @@ def _attest_parsers(sub: argparse._SubParsersAction) -> None:
                    description="This node's class from NVML and sysfs, one line (docs/attest.md).")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _warm_agent_parser(sub: argparse._SubParsersAction) -> None:
+    from stackproof.run.warm import DEFAULT_SOCKET, SOCKET_ENV
+
+    p = sub.add_parser("warm-agent", help="stay resident with torch imported (CUDA untouched) and fork one node's "
+                                          "ranks on request: validate and healthcheck start in milliseconds",
+                       description="A warm start for validate/healthcheck on this node (stackproof/run/warm.py, "
+                                   "deploy/systemd/stackproof-warm-agent.service). Run it unprivileged; it holds "
+                                   "no GPU memory and no CUDA context while idle. Stop it with SIGTERM.")
+    p.add_argument("--socket", default=None, metavar="PATH",
+                   help=f"where to listen (default: ${SOCKET_ENV}, else {DEFAULT_SOCKET}); mode 0660")
+    p.add_argument("--group", default=None, metavar="GROUP", help="the socket's group (who may ask it)")
+
+
+def build_parser(only_validate: bool = False) -> argparse.ArgumentParser:
+    """Every command's parser; `only_validate`: validate's alone (a rank's start: the others' parsers import the
+    image tooling, tenths of a second on every rank)."""
     parser = _Parser(prog="stackproof", description=__doc__, epilog=EXIT_CODES_HELP + ".")
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
     sub = parser.add_subparsers(dest="command", required=True,  # argparse lists the commands
                                 parser_class=_Parser)
     _validate_parser(sub)
+    if only_validate:
+        return parser
     _verdict_parser(sub)
     _act_parsers(sub)
     _baseline_parser(sub)
@@ -180,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     _report_parser(sub)
     _images_parser(sub)
     _bench_parser(sub)
+    _warm_agent_parser(sub)
     _attest_parsers(sub)
     return parser
 
@@ -357,6 +376,14 @@ def _node_class(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_agent(args: argparse.Namespace) -> int:
+    import os
+
+    from stackproof.run import warm
+
+    return warm.serve(args.socket or os.environ.get(warm.SOCKET_ENV) or warm.DEFAULT_SOCKET, args.group, sys.stdout)
+
+
 def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The (sub)command's own parser these args were parsed by: `stackproof images check`'s, not the top's."""
     while True:
@@ -373,7 +400,7 @@ def main(argv: Sequence[str] | None = None, guarded: bool = False) -> int:
     pipes.keep_exit_code()  # `stackproof ... | head -1`: the command's exit code, not a BrokenPipeError's
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
+        parser = build_parser(only_validate=argv[:1] == ["validate"])
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # said by the subcommand's parser: its usage, its --help (argparse would print the top's)
             _innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -388,7 +415,8 @@ def main(argv: Sequence[str] | None = None, guarded: bool = False) -> int:
         raise
     commands = {"validate": _validate, "verdict": _verdict, "healthcheck": _healthcheck, "act": _act,
                 "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench,
-                "attest": _attest, "verify-image": _verify_image, "node-class": _node_class}
+                "attest": _attest, "verify-image": _verify_image, "node-class": _node_class,
+                "warm-agent": _warm_agent}
     args.guarded = guarded
     try:
         return int(commands[args.command](args))

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from test_validate_cpu import EXIT_FAILED, EXIT_OK, validate
 
-from stackproof.act import contract
+from stackproof.act import contract, history
 from stackproof.images.matrix import REPO_ROOT
 from stackproof.judge.findings import Finding
 from stackproof.report import metrics
@@ -33,7 +33,8 @@ from stackproof.report.record import Check, Figure, Report
 
 RULES = REPO_ROOT / "deploy" / "prometheus" / "stackproof-rules.yml"
 RULE_TESTS = [REPO_ROOT / "deploy" / "prometheus" / name
-              for name in ("stackproof-rules.test.yml", "stackproof-rules-age.test.yml")]
+              for name in ("stackproof-rules.test.yml", "stackproof-rules-age.test.yml",
+                           "stackproof-rules-lemon.test.yml")]
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "stackproof-dashboard.json"
 BINARIES = ("promtool", "prometheus", "prometheus-node-exporter")
 START_TIMEOUT_S = 30
@@ -81,10 +82,10 @@ RULE_TEST_RUNS = 20
 
 def test_the_rules_are_valid_and_their_unit_tests_pass(binaries):
     checked = promtool("check", "rules", RULES)
-    assert checked.returncode == 0 and "SUCCESS: 5 rules found" in checked.stdout, checked.stdout + checked.stderr
+    assert checked.returncode == 0 and "SUCCESS: 6 rules found" in checked.stdout, checked.stdout + checked.stderr
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         runs = list(pool.map(lambda _: promtool("test", "rules", *RULE_TESTS), range(RULE_TEST_RUNS)))
-    failed = [run for run in runs if run.returncode != 0 or run.stdout.count("SUCCESS") != 2]
+    failed = [run for run in runs if run.returncode != 0 or run.stdout.count("SUCCESS") != len(RULE_TESTS)]
     assert not failed, f"{len(failed)} of {RULE_TEST_RUNS} runs failed; the first:\n" + failed[0].stdout + \
         failed[0].stderr
 
@@ -95,14 +96,17 @@ def test_the_rule_tests_fail_when_an_alert_is_wrong(binaries, tmp_path):
         shutil.copy(tests, tmp_path / tests.name)
     (tmp_path / RULES.name).write_text(RULES.read_text().replace("stackproof_node_passed == 0",
                                                                  "stackproof_node_passed == 2").replace(
-        "> 7 * 24 * 3600", "> 9 * 24 * 3600"))
-    for tests, alert in zip(RULE_TESTS, ("StackproofNodeFailedValidation", "StackproofNodeNotValidated"), strict=True):
+        "> 7 * 24 * 3600", "> 9 * 24 * 3600").replace("stackproof_node_needs_service == 1",
+                                                      "stackproof_node_out_of_service == 1"))
+    for tests, alert in zip(RULE_TESTS, ("StackproofNodeFailedValidation", "StackproofNodeNotValidated",
+                                         "StackproofLemonNode"), strict=True):
         tested = promtool("test", "rules", tmp_path / tests.name)
         assert tested.returncode != 0 and alert in tested.stdout + tested.stderr
 
 
 def test_the_rules_and_dashboard_use_only_metrics_the_writer_writes():
-    written = set(metrics.HELP) | {contract.BROKEN_METRIC}  # the healthcheck guard's own textfile
+    # the healthcheck guard's own textfile, and the node history's (act/history.py)
+    written = set(metrics.HELP) | {contract.BROKEN_METRIC} | set(history.HELP)
     used = set(re.findall(r"\bstackproof_[a-z_]+\b", RULES.read_text() + DASHBOARD.read_text()))
     used -= {"stackproof_"}
     assert used and used <= written, used - written

@@ -160,3 +160,25 @@ def test_a_rank_the_kernel_could_not_kill_after_rank_0s_verdict_turns_the_run_re
     assert Report.load(tmp_path).exit_code == Exit.FAILED  # as written, for `stackproof act` later
     decision = decide.decide(settled)
     assert [(a.node, a.action) for a in decision.actions] == [(node, policy.DRAIN)], decision
+
+
+def test_torchruns_agent_the_kernel_cannot_kill_is_kept_as_a_finding(held_file, short_grace, tmp_path):
+    """The multi-node path (torchrun's agent): --run-timeout stops it, and an agent SIGKILL cannot end (it holds a
+    file on the mount that never answers) is the run's finding, as on the single-node path (before issue 33,
+    _kill's record was dropped)."""
+    from stackproof.run.config import ValidateConfig
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\n_held = open(os.environ['HOLD_FILE'])\n")
+    settings = ValidateConfig(reports=str(tmp_path / "r"), run_timeout=2, timeout=2, node_name="n5")
+    env = {**os.environ, "HOLD_FILE": str(held_file),
+           "PYTHONPATH": f"{site}:{Path(__file__).resolve().parents[1]}"}
+    started = time.monotonic()
+    rc, interrupted, timed_out, stuck = launcher._torchrun(settings, 1, env)
+    assert (rc, interrupted, timed_out) == (-1, None, True)
+    assert time.monotonic() - started < 2 + 0.3 + 0.5 + 2
+    (agent,) = stuck
+    assert agent["state"] == "D", agent
+    (finding,) = launcher._unkillable(settings, stuck, None)
+    assert (finding.node, finding.category, policy.of(finding)) == ("n5", "gpu-hardware", policy.DRAIN)

@@ -3,7 +3,10 @@
 # the policy table says (docs/act.md): a hardware failure drains it, scontrol update nodename=<node>
 # state=drain reason="stackproof: <check> <gpu>", unless the circuit breaker (--max-drained, default 10% of the
 # node's partitions) holds it; an image, pins or settings failure, bad input, the tool's own timeout or an
-# interruption are logged (stackproof ALERT lines), never acted on.
+# interruption are logged (stackproof ALERT lines), never acted on. On a node stackproof drained it runs the
+# node's re-proof instead (--reproof-tiers, full then burn, detached: it outlives slurmd's 60 s) and resumes the
+# node when it passes; a node drained for another reason is left alone (docs/act.md, "Back in service only by
+# proof"). HealthCheckNodeState must include drained idle nodes: IDLE or ANY, not NONDRAINED_IDLE.
 #
 # slurm.conf (docs/act.md):
 #   HealthCheckProgram=/opt/stackproof/scripts/slurm/healthcheck.sh

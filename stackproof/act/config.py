@@ -7,10 +7,22 @@ import dataclasses
 from typing import ClassVar
 
 from stackproof.act import deadline as budget
+from stackproof.act import history
 from stackproof.act.breaker import limit_problem
+from stackproof.judge.promise import TIERS
 from stackproof.settings import Settings, at_least, node_name, not_blank, option, positive, seconds
 
 SCHEDULERS = ("slurm", "kubernetes", "none")
+# The re-proof that may return a node stackproof took out: deeper than the check that took it out (healthcheck's
+# fast tier): every check of the full tier, then the burn soak (act/resume.py).
+REPROOF_TIERS = ("full", "burn")
+
+
+def tiers_problem(text: str) -> str | None:
+    names = [t.strip() for t in str(text).split(",")]
+    if not names or any(t not in TIERS for t in names) or len(set(names)) != len(names):
+        return f"expected tiers from {', '.join(TIERS)}, comma-separated, each once, found {text!r}"
+    return None
 # The whole healthcheck: slurmd kills a HealthCheckProgram at 60 s; 3 s are left for the interpreter's start and
 # exit around the command. A DaemonSet, which no such limit holds, passes its own --deadline.
 DEADLINE_S = 57.0
@@ -59,6 +71,24 @@ class ActConfig(Settings):
                                     metavar="NAMESPACE/NAME", check=lambda v: None if v.count("/") == 1 and all(
                                         v.split("/")) else f"expected NAMESPACE/NAME, found {v!r}")
 
+    reproof_tiers: str = option(",".join(REPROOF_TIERS),
+                                "healthcheck on a node stackproof took out of service: the tiers it proves the node "
+                                "with, in turn, before returning it (Slurm: state=resume; Kubernetes: its taint "
+                                "removed); every one must pass. It must cover the tier that takes nodes out "
+                                "(--tier) and should go deeper: the default is the full tier, then the burn soak",
+                                metavar="TIER[,TIER]", check=lambda v: tiers_problem(v))
+    reproof_foreground: bool = option(False, "run the re-proof inside this healthcheck and wait for it (a "
+                                             "DaemonSet, a small re-proof); by default it runs detached, in its own "
+                                             "session, one at a time per node (its log: reproof.log under "
+                                             "--reports), since slurmd kills a HealthCheckProgram at 60 s and the "
+                                             "default re-proof takes minutes")
+    lemon_window: float = option(history.LEMON_WINDOW_S,
+                                 "a node taken out again within this many seconds of stackproof returning it "
+                                 "(--lemon-count take-outs in all) stays out and needs service, whatever its next "
+                                 "proof says (default 7 days)", metavar="S", check=seconds)
+    lemon_count: int = option(history.LEMON_COUNT, "take-outs within --lemon-window, one after a return, that make "
+                                                   "a node a lemon", metavar="N", check=at_least(2))
+
     skip_busy_gpus: bool = option(False, "check only the GPUs no process is using (NVML), saying which are "
                                          "skipped and expecting that many fewer; every GPU busy: check nothing, "
                                          "exit 0 (the DaemonSet, which holds no GPU, sets it)")
@@ -75,6 +105,14 @@ class ActConfig(Settings):
         if not problems and (split := budget.problem(self.deadline, self.act_budget)):
             problems.append(split)
         self.refuse(problems, "stackproof act --help, stackproof healthcheck --help")
+
+    @property
+    def reproof(self) -> tuple[str, ...]:
+        return tuple(t.strip() for t in self.reproof_tiers.split(","))
+
+    @property
+    def lemon_rule(self) -> history.Rule:
+        return history.Rule(self.lemon_window, self.lemon_count)
 
     @property
     def ranks_budget_s(self) -> float:

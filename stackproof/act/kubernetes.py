@@ -1,8 +1,8 @@
 """Kubernetes: through kubectl (the cluster's own client; it finds its credentials as it always does: the pod's
 service account in a pod, else the kubeconfig), every node of the run gets the label stackproof.io/verdict=pass
 or =fail; a failed node also gets its reason as an annotation, and a node to drain the taint
-stackproof.io/unhealthy=true:NoSchedule. A passing run never lifts the taint: the person who repaired the node
-does (`kubectl taint node N stackproof.io/unhealthy-`), as `scontrol update state=resume` does on Slurm.
+stackproof.io/unhealthy=true:NoSchedule. A check never lifts the taint: only the re-proof of a tainted node does
+(act/resume.py), as it resumes a drained node on Slurm.
 
 A run that acted on nothing (it did not complete, bad input, a stale report) labels the node
 stackproof.io/verdict=incomplete, so no earlier `pass` stays on it. Before a taint the node claims its place in a

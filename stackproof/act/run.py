@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from stackproof.act import breaker, deadline, decide, hardware, kubernetes, policy, slurm, tool
+from stackproof.act import breaker, deadline, decide, hardware, kubernetes, policy, resume, slurm, tool
 from stackproof.act import lock as breaker_lock
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit, Healthcheck
@@ -324,6 +324,17 @@ def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO
         say(line)
     if the_plan.nothing_to_check:
         return _contract("validate not run", None, out)
+    # Back in service only by proof (act/resume.py): a node stackproof took out is re-proved, one out for any
+    # other reason is left alone.
+    found = resume.standing(the_plan.node, settings.scheduler, clock.call_timeout(settings.act_timeout))
+    if found.state == resume.OTHER:
+        say(f"this node is {found.words()}: not stackproof's to check or return; left as it is")
+        return _contract("validate not run", None, out)
+    if found.state == resume.OURS:
+        try:
+            return resume.reprove(the_plan.validate, settings, the_plan.node, found, out)
+        except ConfigError as err:
+            return bad_input(err, out)
     run_settings = _writable_reports(deadline.fit(the_plan.validate, settings), say)
     looks = watermark.snapshot(run_settings.health_state_dir, the_plan.node)  # the evidence's last looks
     started = time.time()
@@ -336,6 +347,8 @@ def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO
     kept = run_settings.reports_dir if run_settings.keep_runs else None  # its last-acted link (report/folders.py)
     done, _failures = act(decision, settings, out, clock, evidence=kept)
     keep_evidence(done, looks, run_settings.health_state_dir, the_plan.node, say)
+    resume.after_check(done, the_plan.node, found, run_settings, settings,
+                       resume.run_id(run_settings.reports_dir, run_settings.keep_runs, started), say)
     return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)
 
 

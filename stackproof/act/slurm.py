@@ -1,5 +1,5 @@
 """Slurm: drain a failed node with scontrol, the reason readable in `sinfo -R`. A drained node finishes its
-running jobs and takes no new ones; a person brings it back with `scontrol update nodename=N state=resume`."""
+running jobs and takes no new ones; it comes back by its re-proof (act/resume.py), a lemon by a person."""
 
 from __future__ import annotations
 

@@ -12,6 +12,10 @@ from typing import Any
 
 from stackproof.judge import baseline
 
+HISTORY = "_node_history"  # the page's own key for the node history a healthcheck left beside its report.json
+HISTORY_FILE = "node-history.json"  # act/history.py's RUN_COPY (tests/test_fleet_page.py holds them equal)
+HISTORY_SCHEMA = "stackproof.history/1"
+
 STYLE = """
 .map { border-collapse: collapse; font-size: 0.72em; }
 .map th, .map td { border: 1px solid #fff; padding: 0; }
@@ -30,6 +34,8 @@ STYLE = """
 .gpufig { width: min-content; min-width: 24em; max-width: 100%; }
 .gpufig .failing-cells { columns: 1; }
 .gpufig h3 { font-size: 0.95em; }
+.history td.out { color: #c62828; font-weight: bold; } .history td.back { color: #2e7d32; }
+.history ol { margin: 0; padding-left: 1.2em; }
 """
 # A figure this much worse than the fleet's median is drawn fully red; better than the median, fully green.
 RED_AT = 0.20
@@ -185,3 +191,68 @@ def gpu_maps(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
                    f'<div class="wide"><table class="map gpumap"><thead><tr><th></th>{head}</tr></thead>'
                    f'<tbody>{"".join(body)}</tbody></table></div></div>')
     return f'<div class="gpumaps">{"".join(out)}</div>'
+
+
+def read_history(folder: Any) -> dict[str, Any] | None:
+    """The node history beside a report.json (HISTORY_FILE), or None: none there, or not of its schema (the page
+    says nothing of a file it cannot read rather than guess)."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads((Path(folder) / HISTORY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == HISTORY_SCHEMA else None
+
+
+def _when(at: Any) -> str:
+    import datetime
+
+    try:
+        return datetime.datetime.fromtimestamp(float(at), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    except (TypeError, ValueError, OverflowError):
+        return "?"
+
+
+def histories(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """Each node's history with stackproof (taken out, remedy, re-proof, returned, held), the newest copy per node
+    (a healthcheck writes its node's history into each run): where it stands now, then its events, newest first."""
+    newest: dict[str, dict[str, Any]] = {}
+    for _, report in runs:
+        doc = report.get(HISTORY)
+        if not doc:
+            continue
+        node = str(doc.get("node", "?"))
+        events = doc.get("events") or []
+        last = max((e.get("at", 0) for e in events), default=0)
+        if node not in newest or last >= max((e.get("at", 0) for e in newest[node].get("events") or []), default=0):
+            newest[node] = doc
+    if not newest:
+        return ""
+    rows = []
+    for node in sorted(newest, key=_natural):
+        doc = newest[node]
+        if doc.get("needs_service"):
+            standing, cls = f"out: needs service ({doc['needs_service']})", "out"
+        elif doc.get("out_of_service"):
+            standing, cls = "out of service by stackproof", "out"
+        else:
+            standing, cls = "in service", "back"
+        items = []
+        for event in reversed(doc.get("events") or []):
+            remedy = " -> ".join(event.get("remedy") or [])
+            items.append(f"<li>{_e(_when(event.get('at')))} <b>{_e(event.get('event'))}</b>"
+                         f"{' run ' + _e(event['run']) if event.get('run') else ''}"
+                         f"{': ' + _e(event['reason']) if event.get('reason') else ''}"
+                         f"{' (remedy: ' + _e(remedy) + ')' if remedy else ''}</li>")
+        outs = sum(1 for e in doc.get("events") or [] if e.get("event") == "taken-out")
+        rows.append(f'<tr><th class="node">{_e(node)}</th><td class="{cls}">{_e(standing)}</td><td>{outs}</td>'
+                    f'<td><ol reversed>{"".join(items)}</ol></td></tr>')
+    rule = next(iter(newest.values())).get("lemon_rule") or {}
+    window = f"{float(rule.get('window_s', 0)) / 86400:g} days" if rule.get("window_s") else "the lemon window"
+    return (f'<h2>Node history</h2><p class="legend">Taken out, remedy, re-proof, returned: a node taken out '
+            f'{_e(rule.get("count", 2))} times within {_e(window)}, again after its return, stays out and needs '
+            'service.</p><div class="wide"><table class="history"><thead><tr><th>node</th><th>now</th>'
+            f'<th>taken out</th><th>events (newest first)</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            '</div>')

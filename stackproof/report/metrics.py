@@ -26,6 +26,7 @@ CHECK_PASSED = "stackproof_check_passed"
 FINDING = "stackproof_finding"
 CHECK_FIX = "stackproof_check_fix_info"
 FIGURE = "stackproof_figure"
+FINDING_REMEDY = "stackproof_finding_remedy_info"
 HELP = {
     RUN_EXIT_CODE: "stackproof validate's exit code (0 every check passed, 1 a check failed, 4 not complete; "
                    "docs/report-format.md); 4 while the run is still going",
@@ -40,6 +41,8 @@ HELP = {
     FINDING: "1 per finding: the node, GPU and check to act on, with its category and severity",
     CHECK_FIX: "1 per failed check; the label fix is what to do about it",
     FIGURE: "a measured figure of a check, per rank (and GPU); the unit is a label",
+    FINDING_REMEDY: "1 per finding: its remedy (act/policy.py), first_step the cheapest, steps every step in "
+                    "order (the next when one does not clear it)",
 }
 
 
@@ -88,6 +91,12 @@ def textfile(report: Report) -> str:
         add(FINDING, 1, node=node, gpu="" if finding.gpu_index is None else finding.gpu_index,
             uuid="" if finding.uuid == "n/a" else finding.uuid, rank="" if finding.rank is None else finding.rank,
             check=finding.source or finding.check, category=finding.category, severity=finding.severity)
+    for entry in report.remedies():
+        node = entry["node"] or (ident.get(entry["rank"]) or {}).get("node", "")
+        steps = [s["step"] for s in entry["steps"]]
+        add(FINDING_REMEDY, 1, node=node, gpu="" if entry["gpu_index"] is None else entry["gpu_index"],
+            rank="" if entry["rank"] is None else entry["rank"], check=entry["check"], first_step=steps[0],
+            steps=">".join(steps))
 
     rank_at = {(i.get("host"), (i.get("gpu") or {}).get("index")): rank for rank, i in ident.items()}
     for check in report.checks:

@@ -49,9 +49,13 @@ def _e(value: Any) -> str:
 def load(path: Path) -> tuple[str, dict[str, Any]]:
     """(the label of the run, its report.json); another schema is refused, exit 2."""
     data = read_report(path)
+    folder = report_file(path).parent
     attested = read_record(path if path.is_dir() else path.parent)  # stackproof attest's, beside report.json
     if attested:
         data = {**data, ATTESTATION: attested}
+    node_history = fleet.read_history(folder)  # a healthcheck's copy of its node's history, beside report.json
+    if node_history:
+        data = {**data, fleet.HISTORY: node_history}
     nodes = ",".join(n.get("node", "?") for n in data.get("nodes", [])) or "?"
     return f"{nodes} {data.get('started', '')[:19]}", data
 
@@ -282,6 +286,24 @@ def _failing(runs: list[tuple[str, dict[str, Any]]]) -> str:
     return tables + notes or "<p>None: every check that ran passed.</p>"
 
 
+def _remedies(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """Every finding's remedy (report.json's `remedies`), the cheapest step first."""
+    rows, seen = [], set()
+    for label, report in runs:
+        for entry in report.get("remedies", []):
+            gpu = entry.get("gpu_index")
+            steps = entry.get("steps", [])
+            row = [_e(entry.get("node") or label), _e("-" if gpu is None else gpu), _e(entry.get("check")),
+                   _e(f"{entry.get('category')}, {entry.get('severity')}"), _e(entry.get("action", "")),
+                   "<ol>" + "".join(f"<li><b>{_e(s.get('step'))}</b>: {_e(s.get('do'))}</li>" for s in steps) + "</ol>"]
+            if tuple(row) not in seen:
+                seen.add(tuple(row))
+                rows.append(row)
+    if not rows:
+        return "<p>None: no finding.</p>"
+    return _table(["node", "GPU", "check", "class", "action", "remedy (cheapest first)"], rows)
+
+
 def _per_run(runs: list[tuple[str, dict[str, Any]]]) -> str:
     parts = []
     for label, report in runs:
@@ -332,6 +354,9 @@ def render(runs: list[tuple[str, dict[str, Any]]],
 {maps}
 <h2>Failing checks</h2>
 {_failing(runs)}
+<h2>Remedies</h2>
+{_remedies(runs)}
+{fleet.histories(runs)}
 <h2>all_reduce bandwidth and time</h2>
 {_sweeps(runs, list(references))}
 <h2>Per-GPU and per-rank figures</h2>

@@ -257,6 +257,12 @@ class Report:
         """The run's findings and every check's, each with its node ('' where the run names none)."""
         return [*self.findings, *(f for c in self.checks for f in c.findings)]
 
+    def remedies(self) -> list[dict[str, Any]]:
+        """Every finding's typed remedy, cheapest step first (act/policy.py's REMEDIES): derived, never read back."""
+        from stackproof.act import policy
+
+        return [policy.remedy_json(f) for f in self.all_findings()]
+
     def nodes(self) -> list[dict[str, Any]]:
         """Per node: verdict, failing checks, its ranks and GPUs (the unit a platform team drains), for the
         renderings; what is done to a node is act/decide.py's, from the findings."""
@@ -318,6 +324,7 @@ class Report:
             "declarations": self.declarations,
             "tables": self.tables,
             "findings": [f.to_json() for f in self.findings],
+            "remedies": self.remedies(),
             "context": self.context,
             "override": list(self.override) if self.override else None,
         }
@@ -415,6 +422,7 @@ class Report:
         if len(nodes) > 1:
             lines.append("#")
             lines += self.node_table(nodes)
+        lines += self.remedy_lines()
         counts = self.counts()
         code = self.exit_code
         wall = self.wall_time_s if self.wall_time_s is not None else time.time() - self.started
@@ -440,6 +448,21 @@ class Report:
             lines.append(f"  {node['node']:<{width}}  {node['verdict']:<7}  {len(node['ranks']):>5}  "
                          f"{len(node['gpus']):<5}  {failed}".rstrip())
         return lines
+
+    def remedy_lines(self) -> list[str]:
+        """The terminal's remedies: one line per finding (the same finding from several ranks once), its steps
+        cheapest first."""
+        seen, lines = set(), []
+        for entry in self.remedies():
+            gpu = "" if entry["gpu_index"] is None else f"GPU {entry['gpu_index']}"
+            where = " ".join(x for x in (entry["node"], gpu) if x) or "the run"
+            line = f"#   {where}: {entry['check']} [{entry['category']}, {entry['severity']}]: " + \
+                " -> ".join(s["step"] for s in entry["steps"])
+            if line not in seen:
+                seen.add(line)
+                lines.append(line)
+        return ["#", "# remedy (cheapest step first; the next when it does not clear the finding):", *lines] \
+            if lines else []
 
     def _note(self, check: Check) -> str:
         """The table's last column: why it failed (where) and the fix, or why it was skipped."""

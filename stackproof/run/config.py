@@ -18,6 +18,8 @@ from stackproof.measure.health import KERNEL_LOG
 from stackproof.measure.topology import PCI_DEVICES
 from stackproof.report.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.run import launch_env
+from stackproof.run.warm import DEFAULT_SOCKET as WARM_SOCKET
+from stackproof.run.warm import SOCKET_ENV as WARM_SOCKET_ENV
 from stackproof.settings import (
     Settings,
     at_least,
@@ -185,6 +187,11 @@ class ValidateConfig(Settings):
                                "latest to the newest, last-acted to the one healthcheck last acted on), the newest "
                                "N and the one last acted on; 0: the run writes into --reports itself (one node "
                                "only: a multi-node run's folder is the job's)", metavar="N", check=at_least(0))
+    warm_socket: str = option(WARM_SOCKET, "where a warm agent (`stackproof warm-agent`) listens: one node's ranks "
+                                           "are forked from it, torch already imported; where none answers, "
+                                           "they start cold, and the run says so", metavar="PATH",
+                              check=not_blank, env=WARM_SOCKET_ENV)
+    cold: bool = option(False, "start the ranks cold (each imports torch), even when a warm agent listens")
     min_shm: int = option(1 << 30, "bytes /dev/shm must hold, for NCCL's shared-memory transport and DataLoader "
                                    "workers", metavar="SIZE", parse=parse_bytes, check=positive,
                           env="STACKPROOF_MIN_SHM_BYTES")

@@ -22,7 +22,7 @@ from stackproof.judge.findings import Finding
 from stackproof.measure import pins, topology
 from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
-from stackproof.run import early_cuda, local_ranks, phases, settle
+from stackproof.run import early_cuda, local_ranks, phases, settle, warm
 from stackproof.run.config import NODE_NAME_ENV, ValidateConfig
 from stackproof.run.deadline import Deadline
 from stackproof.run.launch_env import (
@@ -103,8 +103,11 @@ def launch(settings: ValidateConfig, clock: Deadline | None = None) -> Report:
                **({NODE_NAME_ENV: settings.node_name} if settings.node_name else {}),
                **({"CUDA_VISIBLE_DEVICES": settings.visible_devices} if settings.visible_devices else {})}
         if settings.nnodes == 1 and not settings.rdzv_endpoint:
+            start, how = ((None, "cold start (--cold)") if settings.cold else
+                          warm.starter(settings.warm_socket, [settings.reports_dir]))
+            print(f"# stackproof validate: {how}", flush=True)
             outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc,
-                                      env, settings.run_timeout)
+                                      env, settings.run_timeout, start=start)
             refused = outcome.failures and all(f["exitcode"] == Exit.USAGE for f in outcome.failures)
             return settle.conclude(settings.reports_dir, sys.stdout, launcher_exit=outcome.exit_code,
                                    failures=None if refused else outcome.failures,

@@ -17,8 +17,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from stackproof.run.launch_env import RUN_ENDS_ENV
 
@@ -52,9 +53,12 @@ def free_port() -> int:
 
 
 def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: float,
-        logs: Path | None = None) -> Outcome:
+        logs: Path | None = None, start: Callable[[Sequence[str], dict[str, str], IO | None], Any] | None = None
+        ) -> Outcome:
     """Start `nproc` ranks of `command` and wait for all of them (or the first failure, a signal, the timeout).
-    With `logs`, each rank's stdout and stderr go to logs/rank<N>.log instead of this process's."""
+    With `logs`, each rank's stdout and stderr go to logs/rank<N>.log instead of this process's. `start`: how a
+    rank is started instead of a subprocess (run/warm.py: forked by the warm agent), returning an object with
+    Popen's pid, poll() and wait(timeout), and signal_group(signum)."""
     base = dict(env)
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -84,6 +88,9 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
                 if logs is not None:
                     logs.mkdir(parents=True, exist_ok=True)
                     output = files.enter_context(open(logs / f"rank{rank}.log", "wb"))
+                if start is not None:
+                    procs.append(start(list(command), rank_env(rank, nproc, port, base), output))
+                    continue
                 procs.append(subprocess.Popen(list(command), env=rank_env(rank, nproc, port, base),
                                               start_new_session=True, stdout=output,
                                               stderr=subprocess.STDOUT if output else None))
@@ -155,5 +162,8 @@ def stuck_rank(rank: int, pid: int) -> dict:
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    if hasattr(proc, "signal_group"):  # a warm rank: its agent signals it (run/warm.py)
+        proc.signal_group(signum)
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
         os.killpg(proc.pid, signum)

@@ -31,5 +31,10 @@ def mark(name: str) -> None:
     _marks.setdefault(name, time.time())
 
 
+def reset() -> None:
+    """A process forked from one that marked already (run/warm.py): its own steps start here."""
+    _marks.clear()
+
+
 def so_far() -> dict[str, float]:
     return {"rank_started": process_started(), **_marks}

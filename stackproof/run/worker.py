@@ -21,7 +21,7 @@ from stackproof.errors import ConfigError, Exit
 from stackproof.report.record import Report, ReportUnreadable
 from stackproof.run import launch_env, phases, settle, smoke_tests_dir, watchdog
 from stackproof.run.config import ValidateConfig
-from stackproof.run.dist import adopt_slurm_env, world_size_from_env
+from stackproof.run.dist import LEAVE_BOUND_S, adopt_slurm_env, shutdown_within, world_size_from_env
 from stackproof.run.plugin import Handover
 from stackproof.run.visibility import no_gpu_verdict
 
@@ -66,11 +66,13 @@ _held: list[settle.Claim] = []
 
 
 def run(settings: ValidateConfig) -> int:
-    """Run this rank, then leave at once: the verdict is written, and tearing down NCCL communicators and the
-    CUDA context in the interpreter's exit only costs seconds."""
+    """Run this rank, then leave at once: the verdict is written and every rank has read it, and the interpreter's
+    own exit (torch's objects, atexit, NCCL's and CUDA's teardown in finalizers) only costs seconds. The process
+    group is torn down first, within LEAVE_BOUND_S (a peer gone first cannot hold the exit)."""
     code = _run(settings)
     sys.stdout.flush()
     sys.stderr.flush()
+    shutdown_within(LEAVE_BOUND_S)
     os._exit(int(code))
 
 
@@ -101,14 +103,14 @@ def _run(settings: ValidateConfig) -> int:
         handover.stdout = contract
         watchdog.send_stacks_to(os.fdopen(os.dup(2), "w", buffering=1))  # the log, past pytest's capture
         rc = pytest.main(args, plugins=[handover])
-    try:
-        report = Report.load(reports) if rank == 0 else None
-    except ReportUnreadable:  # the launcher keeps it and says why; here it only words a message
-        report = None
     if rc == pytest.ExitCode.USAGE_ERROR:
         raise ConfigError(f"pytest rejected its arguments {settings.pytest_args} (its words are in {log}); "
                           "fix: pass only valid pytest options after --")
     if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
+        try:  # read only here: the full tier's record takes a while to parse, on every rank 0's way out
+            report = Report.load(reports) if rank == 0 else None
+        except ReportUnreadable:  # the launcher keeps it and says why; here it only words a message
+            report = None
         raise ConfigError(report.message if report and report.override else
                           f"no check was selected (see {log})")
     if rc == pytest.ExitCode.INTERRUPTED:
