@@ -21,7 +21,7 @@ def _main() -> int:
 def _cli(argv: list[str]) -> int:
     from stackproof.cli import main  # inside the contract: a crash while importing it is reported, not raised
 
-    return main(argv)
+    return main(argv, guarded=True)
 
 
 sys.exit(_main())

@@ -79,7 +79,7 @@ def _act_parsers(sub: argparse._SubParsersAction) -> None:
                                    "policy of healthcheck (docs/act.md). Exit 0 when done (acting or not), 2 when "
                                    "the report cannot be read or any node's action failed (every node is tried).")
     p.add_argument("--reports", type=Path, required=True, metavar="DIR", help="the run's reports folder")
-    ActConfig.add_arguments(p)
+    ActConfig.add_arguments(p, hidden=ActConfig.HEALTHCHECK_ONLY)
 
 
 def _baseline_parser(sub: argparse._SubParsersAction) -> None:
@@ -212,9 +212,12 @@ def _validate(args: argparse.Namespace) -> int:
 def _verdict(args: argparse.Namespace) -> int:
     from stackproof.report import folders
     from stackproof.report.attestation import read_record, record_line
+    from stackproof.report.record import REPORT_FILE
     from stackproof.run import settle
 
-    reports = folders.current(args.reports)  # a folder that keeps its runs: the newest
+    # A folder that keeps its runs: the newest; a run's report.json: its folder (as act and report take it).
+    reports = args.reports.parent if args.reports.name == REPORT_FILE and args.reports.is_file() \
+        else folders.current(args.reports)
     attested = read_record(reports)
     if attested:  # before the table: the last two lines stay the verdict and the report's path
         print(f"# stackproof: {record_line(attested)}", flush=True)
@@ -231,6 +234,8 @@ def _healthcheck(args: argparse.Namespace) -> int:
     try:
         settings, act_settings = ValidateConfig.from_args(args), ActConfig.from_args(args)
     except ConfigError as err:
+        if args.guarded:
+            raise  # the contract says it: exit 0, and its metric that nothing was judged
         return run.bad_input(err, sys.stdout)
     return run.healthcheck(settings, act_settings, sys.stdout)
 
@@ -250,7 +255,8 @@ def _baseline(args: argparse.Namespace) -> int:
 
     from stackproof.report import baseline
 
-    output = files.output_file(args.output, "baseline", "baseline.json", args.reports)
+    output = files.output_file(args.output, "baseline", "baseline.json", args.reports,
+                               remakes=files.remade_json(baseline.SCHEMA))
     made, said = baseline.make(args.reports)
     files.write_text(output, json.dumps(made, indent=2) + "\n")
     print("\n".join(said))
@@ -267,7 +273,7 @@ def _spec(args: argparse.Namespace) -> int:
     from stackproof.judge import spec
     from stackproof.report.record import read_report
 
-    out = files.output_file(args.output, "spec", "spec.json", args.reports)
+    out = files.output_file(args.output, "spec", "spec.json", args.reports, remakes=files.remade_json(spec.SCHEMA))
     made = spec.make_spec({str(path): read_report(path) for path in args.reports})
     files.write_text(out, json.dumps(made, indent=2) + "\n")
     for warning in spec.unheld(made):
@@ -282,7 +288,8 @@ def _spec(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from stackproof.report import page
 
-    output = files.output_file(args.output, "HTML page", "page.html", [*args.reports, *args.reference])
+    output = files.output_file(args.output, "HTML page", "page.html", [*args.reports, *args.reference],
+                               remakes=lambda path: path.suffix in (".html", ".htm"))
     path, missing = page.write(args.reports, output, references=args.reference)
     for folder in missing:
         print(f"stackproof: warning: {folder}: expected a report.json, found none; the page lists it as missing "
@@ -388,7 +395,9 @@ def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
         parser = subs[0].choices[chosen]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, guarded: bool = False) -> int:
+    """`guarded`: healthcheck runs inside its contract (act/contract.py), which reports bad input itself (its
+    metric says the node was not judged); otherwise bad input to healthcheck is its exit 0 here."""
     pipes.keep_exit_code()  # `stackproof ... | head -1`: the command's exit code, not a BrokenPipeError's
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -397,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:  # said by the subcommand's parser: its usage, its --help (argparse would print the top's)
             _innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:
-        if stop.code == Exit.USAGE and argv[:1] == ["healthcheck"]:
+        if stop.code == Exit.USAGE and argv[:1] == ["healthcheck"] and not guarded:
             # The scheduler's contract: a typo in a Prolog's flags is bad input, never a drain.
             from stackproof.act.run import STAYS
 
@@ -409,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "baseline": _baseline, "spec": _spec, "report": _report, "images": _images, "bench": _bench,
                 "attest": _attest, "verify-image": _verify_image, "node-class": _node_class,
                 "warm-agent": _warm_agent}
+    args.guarded = guarded
     try:
         return int(commands[args.command](args))
     except StackproofError as err:

@@ -55,10 +55,12 @@ def read_json(path: Path, what: str, fix: str, flag: str = "", finite: bool = Fa
                           f"fix: {fix}") from None
 
 
-def output_file(path: Path, what: str, example: str, inputs: Iterable[Path] = (), flag: str = "-o") -> Path:
-    """Where a command may write its one output file, checked before any work: a file (new, or one that is not
-    a run's record) in a folder that exists, and none of the files it reads. Anything else: exit 2, nothing
-    written, no folder made."""
+def output_file(path: Path, what: str, example: str, inputs: Iterable[Path] = (), flag: str = "-o",
+                remakes: Callable[[Path], bool] = lambda _path: False) -> Path:
+    """Where a command may write its one output file, checked before any work: a file (new, or one this command
+    made before: `remakes`) in a folder that exists, none of the files it reads, and no evidence: no run's
+    record, no file of a run's folder (junit.xml, stackproof.prom, attestation.json, rank logs), no other
+    stackproof file (a baseline, a spec). Anything else: exit 2, nothing written, no folder made."""
     from stackproof.report.record import REPORT_FILE  # the record imports this module's readers
 
     path = Path(path)
@@ -79,15 +81,32 @@ def output_file(path: Path, what: str, example: str, inputs: Iterable[Path] = ()
         raise refuse(f"a run's {REPORT_FILE} (overwriting it would lose the run)")
     if path.name == REPORT_FILE:
         raise refuse(f"the name of a run's record ({REPORT_FILE}): a reports folder's own file")
+    if path.is_file() and not remakes(path):
+        run = next((folder for folder in list(path.resolve().parents)[:2] if (folder / REPORT_FILE).is_file()),
+                   None)
+        if run is not None:
+            raise refuse(f"a file of the run in {run} (its evidence: overwriting it would lose it)")
+        kind = _schema(path)
+        if kind.startswith("stackproof."):
+            raise refuse(f"a stackproof {kind} file (overwriting it would lose it)")
     return path
 
 
-def _is_a_report(path: Path) -> bool:
+def remade_json(schema: str) -> Callable[[Path], bool]:
+    """`remakes` for a command whose output is JSON of `schema` (stackproof.spec/1): the file it made before."""
+    return lambda path: _schema(path).split("/")[0] == schema.split("/")[0]
+
+
+def _schema(path: Path) -> str:
     try:
         existing = json.loads(path.read_text()) if path.is_file() else None
     except (OSError, ValueError):
-        return False  # not a report: the person's to overwrite
-    return isinstance(existing, dict) and str(existing.get("schema", "")).startswith("stackproof.report/")
+        return ""
+    return str(existing.get("schema", "")) if isinstance(existing, dict) else ""
+
+
+def _is_a_report(path: Path) -> bool:
+    return _schema(path).startswith("stackproof.report/")
 
 
 def write_text(path: Path, text: str, flag: str = "-o") -> None:

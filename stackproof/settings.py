@@ -153,11 +153,17 @@ class Settings:
             raise ConfigError("; ".join(problems) + f" (see: {help_command})")
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
-        """The flags; `defaults` replaces a field's default for this command (its help says the one in force)."""
+    def add_arguments(cls, parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None,
+                      hidden: tuple[str, ...] = ()) -> None:
+        """The flags; `defaults` replaces a field's default for this command (its help says the one in force);
+        `hidden`: fields this command refuses, parsed (to say so in one line) but not listed in its --help."""
         defaults = defaults or {}
         for f in dataclasses.fields(cls):
             meta = f.metadata
+            if f.name in hidden:
+                parser.add_argument(flag_of(f), dest=f.name, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                                    **({"action": "store_true"} if str(f.type) == "bool" else {}))
+                continue
             default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
             env = f" (env {meta['env']})" if meta.get("env") else ""
             text = meta["help"] + (f" (default {default})" if default not in (None, (), "", False) else "") + env

@@ -22,6 +22,8 @@ def run_tool(step: str, argv: list[str], *, timeout_s: float, fix: str, error: t
     except subprocess.TimeoutExpired:
         raise error(f"{step}: `{command}` did not finish within {timeout_s:g} s; fix: {fix}") from None
     if proc.returncode != 0:
-        said = (proc.stderr.strip() or proc.stdout.strip())[-3000:]
+        # One line (errors are one line): the tool's last few lines, where it says what failed.
+        said = " | ".join([line.strip() for line in (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+                           if line.strip()][-3:])[-1000:]
         raise error(f"{step}: `{command}` exited {proc.returncode}: {said or '(no output)'}; fix: {fix}")
     return proc.stdout

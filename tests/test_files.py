@@ -60,6 +60,35 @@ def test_an_output_that_is_a_folder_or_a_runs_report_is_refused_and_kept(capsys,
     assert not named.exists()
 
 
+@pytest.mark.parametrize("command", ["spec", "baseline", "report"])
+def test_an_output_that_is_a_runs_evidence_or_another_stackproof_file_is_refused_and_kept(capsys, tmp_path,
+                                                                                           command):
+    """Issue 36 item 9: -o replaced a run's junit.xml, stackproof.prom, attestation.json, rank logs, or a baseline
+    file, without a word; only report.json was protected. What the command made before it may make again."""
+    argv, _ = COMMANDS[command]
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "report.json").write_text(FIXTURE.read_text())
+    evidence = [run_dir / name for name in ("junit.xml", "stackproof.prom", "attestation.json", "logs/rank0.log")]
+    baseline = tmp_path / "baseline.json"
+    spec = tmp_path / "h200.spec.json"
+    assert run(capsys, "baseline", FIXTURE, "-o", baseline)[0] == 0
+    assert run(capsys, "spec", FIXTURE, "-o", spec)[0] == 0
+    for path in evidence:
+        path.write_text("evidence\n")
+    mine = {"spec": spec, "baseline": baseline, "report": tmp_path / "page.html"}[command]
+    for path in [*evidence, *(p for p in (baseline, spec) if p != mine)]:
+        kept = path.read_text()
+        code, _, err = run(capsys, *argv, "-o", path)
+        assert code == Exit.USAGE and len(err.strip().splitlines()) == 1, err
+        assert ("(its evidence: overwriting it would lose it)" in err or "file (overwriting it would lose it)"
+                in err) and "fix: name another file" in err, err
+        assert path.read_text() == kept
+    for _ in range(2):  # made again: its own file
+        code, _, err = run(capsys, *argv, "-o", mine)
+        assert code == 0, err
+
+
 def test_an_output_in_a_folder_that_exists_is_written(capsys, tmp_path):
     code, _, err = run(capsys, "spec", FIXTURE, "-o", tmp_path / "h200.spec.json")
     assert code == 0, err

@@ -50,6 +50,13 @@ JUNK = [
      "STACKPROOF_REPORTS, unset it, or pass --reports"),
     (["validate", "--reports", "/proc/version/r"], None,
      "--reports: expected a folder (or one to make), found /proc/version, a file, on the way to it"),
+    # Issue 36 item 13: accepted without a word.
+    (["validate"], {"STACKPROOF_IMAGE_REF": "not a ref"},
+     "STACKPROOF_IMAGE_REF='not a ref': expected an image reference REPO@sha256:<64 hex> (or REPO:TAG)"),
+    (["validate", "--visible-devices", "abc"], None,
+     "--visible-devices: expected GPU indices or UUIDs, comma-separated (0,1 or GPU-8f6a...), found 'abc'"),
+    (["validate", "--baseline-tolerance", "0.1"], None,
+     "--baseline-tolerance 0.1: expected with --baseline FILE (the figures it loosens), found no --baseline"),
 ]
 
 
@@ -64,3 +71,47 @@ def test_junk_is_refused_naming_where_it_came_from(capsys, monkeypatch, tmp_path
 
 def test_a_signal_is_named_as_the_launchers_name_it():
     assert parse_signal("SIGTERM") == parse_signal("term") == parse_signal("15") == "SIGTERM"
+
+
+@pytest.mark.parametrize(("command", "damage", "words"), [
+    (["spec"], lambda d: d["tables"].update(per_gpu_facts=[1, 2]),
+     "field 'tables.per_gpu_facts': expected a JSON array of objects, found int '1'"),
+    (["report"], lambda d: [n.update(gpus=[1, 2]) for n in d["nodes"]],
+     "field 'nodes[0].gpus': expected a JSON array of objects, found int '1'"),
+])
+def test_a_report_of_the_wrong_shape_is_one_line_not_a_traceback(capsys, tmp_path, command, damage, words):
+    """Issue 36 item 10: spec and report raised AttributeError on rows that are not objects."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "spec" / "h200x2-report.json").read_text())
+    damage(data)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "report.json").write_text(json.dumps(data))
+    code = main([*command, str(tmp_path / "run"), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == Exit.USAGE and words in err and "fix: " in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_verdict_takes_a_runs_report_json_as_act_does_and_junk_json_is_named(capsys, tmp_path):
+    """Issue 36 item 13: `verdict --reports <run>/report.json` said no such folder; a report.json holding null
+    was "found 'a JSON NoneType'"."""
+    import json
+    import time
+
+    from stackproof.report.record import Check, Report
+
+    Report(checks=[Check("t.py::x", "passed")], complete=True, started=time.time()).write(tmp_path / "run")
+    assert main(["verdict", "--reports", str(tmp_path / "run" / "report.json")]) == Exit.OK
+    assert "# Verdict: OK" in capsys.readouterr().out
+    (tmp_path / "null.json").write_text(json.dumps(None))
+    assert main(["spec", str(tmp_path / "null.json"), "-o", str(tmp_path / "s.json")]) == Exit.USAGE
+    assert "found 'a JSON null'" in capsys.readouterr().err
+
+
+def test_act_help_lists_no_flag_act_refuses(capsys):
+    """Issue 36 item 13: `act --help` listed --skip-busy-gpus, which act refuses; healthcheck's lists it."""
+    for command, listed in (("act", False), ("healthcheck", True)):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert ("--skip-busy-gpus" in capsys.readouterr().out) == listed, command

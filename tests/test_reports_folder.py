@@ -197,6 +197,42 @@ except RankTimeout as err:
     assert (datetime.datetime.now() - started).total_seconds() < 30  # said at once, not after the timeout
 
 
+def test_a_rank_that_hands_in_after_rank_0_left_says_so_not_a_traceback():
+    """Issue 36 item 11: rank 1 entered the verdict agreement after rank 0 had left; its first store call (the
+    set) printed DistNetworkError: Broken pipe."""
+    script = r"""
+import datetime, sys, time, torch.distributed as tdist
+from stackproof.run.dist import DistEnv
+from stackproof.errors import RankTimeout
+port = int(sys.stdin.readline())
+client = tdist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+print("joined", flush=True)
+sys.stdin.readline()  # rank 0's store is gone now
+try:  # the first write after the peer left is taken by the kernel; the peer answers it with a reset
+    client.set("before", "1")
+except Exception:
+    pass
+time.sleep(0.5)
+try:
+    DistEnv(1, 2, client, timeout_s=30.0).agree(1, "the verdict", lambda values: values)
+except RankTimeout as err:
+    print(err, flush=True)
+"""
+    server = subprocess.Popen([PYTHON, "-c", "import torch.distributed as t, time; s = t.TCPStore('127.0.0.1', 0, "
+                               "is_master=True, wait_for_workers=False); print(s.port, flush=True); time.sleep(300)"],
+                              stdout=subprocess.PIPE, text=True)
+    rank1 = subprocess.Popen([PYTHON, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    rank1.stdin.write(server.stdout.readline())
+    rank1.stdin.flush()
+    assert rank1.stdout.readline().strip() == "joined"
+    server.kill()
+    server.wait()
+    said, err = rank1.communicate("go\n", timeout=120)
+    assert "rank 0 did not answer the verdict: its store went away (rank 0 died?)" in said, said + err
+    assert "Traceback" not in err, err
+
+
 def test_the_nodes_of_one_multi_node_run_share_a_folder_that_a_single_node_run_cannot_take(tmp_path):
     from stackproof.errors import ConfigError
     from stackproof.run import settle

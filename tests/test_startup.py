@@ -54,8 +54,8 @@ def _env(tmp_path: Path, sitecustomize: str, **extra: str) -> dict[str, str]:
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(sitecustomize)
     env = {k: v for k, v in os.environ.items()
-           if k not in ("NVIDIA_VISIBLE_DEVICES", "STACKPROOF_REPORTS", "PYTEST_ADDOPTS", "RANK", "WORLD_SIZE",
-                        "SLURM_PROCID", "SLURM_NTASKS")}
+           if k not in ("NVIDIA_VISIBLE_DEVICES", "STACKPROOF_REPORTS", "PYTEST_ADDOPTS", "RANK", "WORLD_SIZE")
+           and not k.startswith("SLURM_")}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), env.get("PYTHONPATH", "")])
     return {**env, **extra}
 
@@ -102,7 +102,16 @@ def test_the_launcher_starts_the_ranks_itself_without_torch_and_records_the_phas
     ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "RANK=2: expected 0..1"),
     ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "SLURM_PROCID=0 and SLURM_NTASKS=2 are set but this process is not "
                                                  "a task of srun"),
-], ids=["rank-junk", "rank-alone", "rank-outside-world", "batch-script-without-srun"])
+    # Issue 36 item 12: these waited out the rendezvous, silently.
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"},
+     "SLURM_PROCID=5: expected 0..1 (SLURM_NTASKS=2)"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "abc", "SLURM_STEP_ID": "0"},
+     "expected whole numbers, found SLURM_NTASKS='abc'"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[1-2"},
+     "SLURM_JOB_NODELIST='n[1-2': expected Slurm's node list"),
+    ({"SLURM_JOB_ID": "abc"}, "expected whole numbers, found SLURM_JOB_ID='abc'"),
+], ids=["rank-junk", "rank-alone", "rank-outside-world", "batch-script-without-srun", "slurm-task-outside-step",
+        "slurm-ntasks-junk", "slurm-nodelist-unclosed", "slurm-job-id-junk"])
 def test_leftover_launcher_variables_are_bad_input_at_once(tmp_path, env, words):
     begin = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "stackproof", "validate", "--reports", str(tmp_path / "r")],

@@ -244,3 +244,22 @@ def test_resnet_memory_per_rank_does_not_grow_with_the_world(tmp_path):
     assert seen[2]["input"] == seen[4]["input"] == {8 * 3 * 64 * 64 * 4 + 8 * 8}
     print(f"peak RSS per rank (MiB): 2 ranks {seen[2]['rss']}, 4 ranks {seen[4]['rss']}")
     assert seen[4]["rss"] <= seen[2]["rss"] * 1.05, seen
+
+
+def test_each_module_says_it_starts_and_how_far_along_the_run_is(tmp_path):
+    """Issue 36 item 14: a CPU run printed only its header for minutes; rank 0 now says each module as it starts."""
+    proc, _ = validate(tmp_path, "--nproc", "2", "-k", "dev_shm or barrier", "--timeout", "60")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = proc.stdout.splitlines()
+    progress = [line for line in lines if line.startswith("# [")]
+    assert progress == ["# [1/2] host ...", "# [2/2] collectives ..."], lines
+    assert lines.index(progress[-1]) < lines.index(next(line for line in lines if line.startswith("# check")))
+    assert_stdout_is_the_contract(proc.stdout, "OK")
+
+
+def test_an_injected_fault_no_selected_check_injects_is_bad_input_not_ok(tmp_path):
+    """Issue 36 item 13: `--inject-fault crash` with no check that injects it selected ended OK, silently."""
+    proc, report = validate(tmp_path, "--nproc", "2", "-k", "dev_shm", "--inject-fault", "crash", "--timeout", "60")
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "--inject-fault crash: expected a selected check that injects it, found none that ran" in report["message"]
+    assert "# Verdict: FAILED (exit code 2" in proc.stdout

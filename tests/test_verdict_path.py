@@ -213,12 +213,19 @@ def test_an_injected_fault_is_never_acted_on(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--tier", "bogus"], ["--scheduler", "bogus"], ["--expect-gpus", "abc"],
-                                  ["--no-such-flag"]])
-def test_flags_argparse_refuses_are_bad_input_and_the_node_stays(tmp_path, argv):
-    proc = subprocess.run([PYTHON, "-m", "stackproof", "healthcheck", "--scheduler", "none", *argv],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                  ["--no-such-flag"], ["--nproc", "0"], ["--tier", "burn", "--deadline", "5"]])
+def test_flags_refused_are_bad_input_the_node_stays_and_the_metric_says_not_judged(tmp_path, argv):
+    """Issue 36 item 5: bad flags set stackproof_healthcheck_broken to 0 although nothing was judged (or said
+    "repair the install" for a flag)."""
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "healthcheck", "--scheduler", "none", "--reports",
+                           str(tmp_path), *argv], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "bad input (the flags above); this node stays in service; exit 0" in proc.stdout
+    assert "not run (bad input); this node stays in service; exit 0" in proc.stdout
+    assert "fix: correct the flag or setting the line above names (the install is fine)" in proc.stderr
+    assert "repair the install" not in proc.stderr
+    metric = (tmp_path / "stackproof-healthcheck.prom").read_text()
+    assert 'stackproof_healthcheck_broken{reason="bad input"} 1' in metric
 
 
 def test_the_pci_devices_given_are_the_evidence_for_exit_3(tmp_path):
@@ -295,3 +302,13 @@ def test_healthchecks_plan_is_a_pure_function_of_flags_environment_bus_and_gpu_u
     assert everything.nothing_to_check
     unread = plan(ValidateConfig(), ActConfig(scheduler="none", skip_busy_gpus=True), {}, bus, "NVML cannot answer")
     assert unread.said == ("--skip-busy-gpus: NVML cannot answer; no GPU skipped",)
+
+
+def test_a_scheduler_node_name_that_is_no_name_is_blamed_on_its_variable(tmp_path):
+    """Issue 36 item 13: SLURMD_NODENAME='bad name' was blamed on --node-name, a flag nobody gave."""
+    proc = subprocess.run([PYTHON, "-m", "stackproof", "healthcheck", "--scheduler", "none", "--reports",
+                           str(tmp_path), "-k", "barrier"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SLURMD_NODENAME": "bad name"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stackproof: SLURMD_NODENAME='bad name': expected a node name" in proc.stderr, proc.stderr
+    assert "--node-name" not in proc.stderr and "fix: pass --node NAME" in proc.stderr

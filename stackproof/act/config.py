@@ -4,6 +4,7 @@ generated like validate's (stackproof/settings.py)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from stackproof.act import deadline as budget
 from stackproof.act import history
@@ -91,6 +92,9 @@ class ActConfig(Settings):
     skip_busy_gpus: bool = option(False, "check only the GPUs no process is using (NVML), saying which are "
                                          "skipped and expecting that many fewer; every GPU busy: check nothing, "
                                          "exit 0 (the DaemonSet, which holds no GPU, sets it)")
+
+    # Flags of healthcheck alone (it chooses the GPUs a run checks): `act` refuses them, and its --help omits them.
+    HEALTHCHECK_ONLY: ClassVar[tuple[str, ...]] = ("skip_busy_gpus",)
 
     def __post_init__(self) -> None:
         problems = self.field_problems()

@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from stackproof.errors import Healthcheck
+from stackproof.errors import Exit, Healthcheck
 
 BROKEN_METRIC = "stackproof_healthcheck_broken"
 BROKEN_HELP = ("1 when the last stackproof healthcheck on this node could not run (a broken install, a missing "
                "dependency, a bad flag, a crash): the node was not judged and stays in service; 0 when it ran")
 BROKEN_FILE = "stackproof-healthcheck.prom"
+BAD_INPUT, BAD_INPUT_FIX = "bad input", "correct the flag or setting the line above names (the install is fine)"
 # run/config.py's --reports and its variable (tests/test_act_contract.py holds them equal): read here by name,
 # because run/config.py may be what cannot be imported.
 REPORTS_FLAG, REPORTS_ENV = "--reports", "STACKPROOF_REPORTS"
@@ -87,22 +88,24 @@ def guard(argv: Sequence[str], main: Callable[[Sequence[str]], int], out: IO[str
     except SystemExit as stop:  # argparse: --help (0), a bad flag (2, its line already printed)
         if stop.code in (0, None):
             return Healthcheck.STAYS
-        return _broken(f"exit {stop.code}", "bad flags (the line above says which)", folder, out, err)
+        return _broken(BAD_INPUT, "bad flags (the line above says which)", folder, out, err, BAD_INPUT_FIX)
     except BaseException as crash:  # the contract holds for anything, Ctrl-C included
         detail = "".join(traceback.format_exception(crash)).rstrip()
         return _broken(type(crash).__name__, detail, folder, out, err)
-    if code not in (Healthcheck.STAYS, Healthcheck.TAKEN_OUT):  # the CLI's own error line (exit 1, 2, 4, 5)
+    if code == Exit.USAGE:  # a flag or setting the CLI refused (its line above): nothing was judged
+        return _broken(BAD_INPUT, "bad input (the line above says which)", folder, out, err, BAD_INPUT_FIX)
+    if code not in (Healthcheck.STAYS, Healthcheck.TAKEN_OUT):  # the CLI's own error line (exit 1, 4, 5)
         return _broken(f"exit {code}", "the CLI stopped with its own error (the line above)", folder, out, err)
     write_metric(folder, broken=False)
     return Healthcheck(code)
 
 
-def _broken(reason: str, detail: str, folder: Path | None, out: IO[str], err: IO[str]) -> int:
+def _broken(reason: str, detail: str, folder: Path | None, out: IO[str], err: IO[str],
+            fix: str = "repair the install (this python -m stackproof --version must work)") -> int:
     unwritten = write_metric(folder, broken=True, reason=reason)
     where = unwritten or f"{BROKEN_METRIC}=1 in {_textfile_folder(folder) / BROKEN_FILE}"  # type: ignore[arg-type]
     print(f"{detail}\nstackproof healthcheck: BROKEN: the check could not run ({reason}); this node was not judged; "
-          f"{where}; fix: repair the install (this python -m stackproof --version must work) or the flags",
-          file=err, flush=True)
+          f"{where}; fix: {fix}", file=err, flush=True)
     print(f"# stackproof healthcheck: not run ({reason}); this node stays in service; exit "
           f"{int(Healthcheck.STAYS)}", file=out, flush=True)
     return Healthcheck.STAYS

@@ -20,12 +20,13 @@ from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit, Healthcheck
 from stackproof.judge import policy
 from stackproof.measure import watermark
-from stackproof.measure.identity import node_name
+from stackproof.measure.identity import NODE_NAME_ENV, node_name
 from stackproof.measure.topology import SURVEY_DEADLINE_S, NvmlUnavailable, nvidia_gpus_on_bus
 from stackproof.report import folders
 from stackproof.report.record import Report
 from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
+from stackproof.settings import node_name as settings_node_name
 from stackproof.tools import run_tool
 
 SCHEDULERS = {"slurm": slurm, "kubernetes": kubernetes}  # "none": decide and say, act on nothing
@@ -266,6 +267,10 @@ def plan(validate_settings: ValidateConfig, settings: ActConfig, env: dict[str, 
     said = []
     # One name for this node: --node, else --node-name / STACKPROOF_NODE_NAME, else the scheduler's, else the host's.
     node = settings.node or validate_settings.node_name or node_name(env)
+    unfit = None if settings.node or validate_settings.node_name else settings_node_name(node)
+    if unfit:  # the scheduler's variable (or the host name) said it, not a flag: name where it came from
+        source = next((f"{name}={env[name]!r}" for name in NODE_NAME_ENV if env.get(name)), "the host name")
+        raise ConfigError(f"{source}: {unfit}; fix: pass --node NAME (the node's name in the scheduler)")
     changes: dict[str, object] = {"node_name": node}
     # How many GPUs to expect is run/visibility.py's (the flag, the scheduler, the launch, else the PCI bus); only
     # --skip-busy-gpus takes the busy ones off what the bus says.

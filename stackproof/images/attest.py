@@ -260,7 +260,8 @@ def verify_image(reference: str, wanted: NodeClass, public_key: Path, max_age_s:
         attested = "; ".join(sorted({f"{r.result} for {r.node_class.text()}" for r in verdict.found}))
         closest = min(verdict.found, key=lambda r: len(differences(r.node_class, wanted)))
         verdict.reason = (f"wrong class: no result for {wanted.text()}; attested: {attested} (differs in "
-                          f"{', '.join(differences(closest.node_class, wanted))})")
+                          f"{', '.join(differences(closest.node_class, wanted))}); fix: validate this image on a "
+                          "node of this class and attest that run, or run the image on the class it was proven on")
         return verdict
     newest = max(mine, key=lambda r: r.finished)
     when = f"on {newest.node} at {newest.finished.isoformat(timespec='seconds')}"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 
-from stackproof.settings import Settings, not_blank, option, seconds
+from stackproof.settings import Settings, not_blank, option
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -17,6 +19,21 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"expected a duration such as 30d, 12h, 90m, 45s or seconds, found {text!r}")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def key_file(v: str | None) -> str | None:
+    """A cosign key the signing or the verifying reads: a file this user can read (not cosign's many lines)."""
+    if v is None or (os.path.isfile(v) and os.access(v, os.R_OK)):
+        return None
+    found = "a folder" if os.path.isdir(v) else "a file this user may not read" if os.path.exists(v) else \
+        "no such file"
+    return f"expected a cosign key file (cosign generate-key-pair makes one), found {found}: {v!r}"
+
+
+def age(v: float | None) -> str | None:
+    """An age a result may reach: any positive length (not a wait: the 30-day cap on waits is not its)."""
+    return None if v is None or (math.isfinite(v) and v > 0) else \
+        f"expected an age > 0 (30d, 12h, 90m, seconds), found {v:g} s"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +63,7 @@ class VerifyImageConfig(Settings):
     spec: str | None = option(None, "also require the result to name this node spec (its file name, e.g. "
                                     "h200.spec.json)", metavar="NAME", check=not_blank)
     max_age: float | None = option(None, "refuse a PASSED result older than this (30d, 12h, 90m, seconds); "
-                                         "default: any age", metavar="AGE", parse=parse_duration, check=seconds,
+                                         "default: any age", metavar="AGE", parse=parse_duration, check=age,
                                    env="STACKPROOF_ATTEST_MAX_AGE")
     key: str = option("cosign.pub", "the cosign public key the result must be signed with", metavar="PATH",
                       check=not_blank, env="STACKPROOF_ATTEST_PUB")

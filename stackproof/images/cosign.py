@@ -52,12 +52,28 @@ def _env(password: str | None) -> dict[str, str]:
     return {**os.environ, "COSIGN_PASSWORD": given}
 
 
+def readable_key(key: Path) -> None:
+    """The key cosign is given: a file this user can read, or one line, exit 2 (not cosign's many lines)."""
+    from stackproof.images.attest_config import key_file
+
+    problem = key_file(str(key))
+    if problem:
+        raise ConfigError(f"--key {key}: {problem}; fix: pass --key the cosign key (or set its variable)")
+
+
 def attest(reference: str, predicate: Path, predicate_type: str, key: Path, password: str | None = None) -> None:
     """Sign `predicate` as an in-toto statement about `reference` (REPO@sha256:...) and attach it there."""
-    _run(f"attest {reference}", ["cosign", "attest", "--key", str(key), "--tlog-upload=false", "--yes", "--type",
-                                 predicate_type, "--predicate", str(predicate), reference],
-         "check --key (cosign generate-key-pair makes one), COSIGN_PASSWORD, and that the registry takes pushes",
-         env=_env(password))
+    readable_key(key)
+    try:
+        _run(f"attest {reference}", ["cosign", "attest", "--key", str(key), "--tlog-upload=false", "--yes", "--type",
+                                     predicate_type, "--predicate", str(predicate), reference],
+             "check that the registry takes pushes", env=_env(password))
+    except CosignError as err:
+        if "decrypt" in str(err):  # cosign's words for a key its password does not open: bad input, one line
+            raise ConfigError(f"--key {key}: expected the password that opens it (COSIGN_PASSWORD), found one that "
+                              "does not (cosign: decryption failed); fix: set COSIGN_PASSWORD to the key's password, "
+                              "or pass the key made with it") from None
+        raise
 
 
 class NotVerified(Exception):
@@ -72,6 +88,7 @@ class NotVerified(Exception):
 def verify(reference: str, predicate_type: str, public_key: Path, policy: Path) -> list[dict[str, Any]]:
     """The in-toto statements of `predicate_type` on `reference` signed by `public_key`, every one passing the
     CUE `policy`. NotVerified when cosign verifies none; CosignError when cosign itself could not run."""
+    readable_key(public_key)
     try:
         out = _run(f"verify the attestations of {reference}",
                    ["cosign", "verify-attestation", "--key", str(public_key), "--insecure-ignore-tlog=true", "--type",

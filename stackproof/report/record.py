@@ -68,7 +68,7 @@ def read_report(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a stackproof report.json, found {getattr(err, 'strerror', None) or err}"
                           f"; {fix}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        found = data.get("schema") if isinstance(data, dict) else f"a JSON {_JSON_NAMES.get(type(data), 'value')}"
         raise ConfigError(f"{path}: field 'schema': expected {SCHEMA!r}, found {found!r}; {fix}")
     for name, kind in SHAPE.items():
         if not isinstance(data.get(name), kind):
@@ -79,7 +79,20 @@ def read_report(path: Path) -> dict[str, Any]:
             if not isinstance(entry, dict) or not isinstance(entry.get("node"), str) or not entry["node"]:
                 raise ConfigError(f"{path}: field {field!r}: expected entries each with a node name, found "
                                   f"{str(entry)[:60]!r}; {fix}")
+    # Rows the readers index by name (spec's per_gpu_facts, report's nodes[].gpus): objects, else a traceback.
+    rows = {f"tables.{name}": table for name, table in (data.get("tables") or {}).items()} \
+        if isinstance(data.get("tables", {}), dict) else {"tables": data["tables"]}
+    rows.update({f"nodes[{i}].gpus": node.get("gpus", []) for i, node in enumerate(data["nodes"])})
+    for where, table in rows.items():
+        odd = table if not isinstance(table, list) else next((r for r in table if not isinstance(r, dict)), None)
+        if odd is not None:
+            raise ConfigError(f"{path}: field {where!r}: expected a JSON array of objects, found "
+                              f"{type(odd).__name__} {str(odd)[:40]!r}; {fix}")
     return data
+
+
+_JSON_NAMES = {type(None): "null", bool: "true/false", int: "number", float: "number", str: "string",
+               list: "array"}
 
 
 def _json_kind(kind: type | tuple[type, ...]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 from stackproof.errors import ConfigError
 from stackproof.files import folder_problem
@@ -51,6 +52,26 @@ WATCHDOG_GRACE_S = 10.0
 STRAGGLER_TOLERANCE_GPU = 0.10
 PAIR_TOLERANCE_GPU = 0.25
 
+
+
+# An OCI reference as `stackproof attest` reads it: REPO[:TAG][@sha256:<64 hex>], no spaces.
+_REFERENCE = re.compile(r"(?:[A-Za-z0-9.-]+(?::\d+)?/)?[a-z0-9][a-z0-9._/-]*(?::[A-Za-z0-9_.-]+)?"
+                        r"(?:@sha256:[0-9a-f]{64})?")
+
+
+# CUDA_VISIBLE_DEVICES' entries: an index, a GPU or MIG UUID (or its GPU- prefix), a UUID without "GPU-".
+_DEVICE = r"(?:\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9A-Za-z/-]+|[0-9a-fA-F]{8}-[0-9a-fA-F-]+)"
+_DEVICES = re.compile(rf"{_DEVICE}(?:,{_DEVICE})*")
+
+
+def device_list(v: str | None) -> str | None:
+    return None if v is None or _DEVICES.fullmatch(v.replace(" ", "")) else \
+        f"expected GPU indices or UUIDs, comma-separated (0,1 or GPU-8f6a...), found {v!r}"
+
+
+def image_reference(v: str | None) -> str | None:
+    return None if v is None or _REFERENCE.fullmatch(v) else \
+        f"expected an image reference REPO@sha256:<64 hex> (or REPO:TAG), found {v!r}"
 
 @dataclasses.dataclass(frozen=True)
 class ValidateConfig(Settings):
@@ -159,7 +180,7 @@ class ValidateConfig(Settings):
                                            "/etc/stackproof/expected.json)", metavar="PATH")
     image_ref: str | None = option(None, "the image this run is in, by digest (REPO@sha256:...), recorded in the "
                                          "report for `stackproof attest` (make test-gpu passes the image's RepoDigest)",
-                                   metavar="REF", check=not_blank, env="STACKPROOF_IMAGE_REF")
+                                   metavar="REF", check=image_reference, env="STACKPROOF_IMAGE_REF")
     reports: str = option("reports", "where report.json, junit.xml and rank logs go; one run at a time per folder",
                           metavar="DIR", env=REPORTS_ENV, check=folder_problem)
     keep_runs: int = option(0, "keep each run in its own folder under --reports (runs/<started>-<pid>, the link "
@@ -181,7 +202,7 @@ class ValidateConfig(Settings):
     visible_devices: str | None = option(None, "check only these GPUs (indices or UUIDs, comma-separated, as "
                                                "CUDA_VISIBLE_DEVICES; the launcher hands them to its ranks so); "
                                                "default: every GPU this process sees", metavar="LIST",
-                                         check=not_blank)
+                                         check=device_list)
     node_name: str | None = option(None, "this node's name in the report (what a drain or a taint names; default "
                                          "SLURMD_NODENAME, else the host name)", metavar="NAME", check=node_name,
                                    env=NODE_NAME_ENV)
@@ -241,6 +262,9 @@ class ValidateConfig(Settings):
         if self.keep_runs and self.nnodes > 1:
             problems.append(f"--keep-runs {self.keep_runs}: expected one node, found --nnodes {self.nnodes}; fix: "
                             "give a multi-node run a folder of its own (e.g. reports/slurm-<jobid>), --keep-runs 0")
+        if self.baseline_tolerance is not None and not self.baseline:
+            problems.append(f"--baseline-tolerance {self.baseline_tolerance:g}: expected with --baseline FILE (the "
+                            "figures it loosens), found no --baseline")
         if self.node_rank is not None and self.node_rank >= self.nnodes:
             problems.append(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
         self.refuse(problems, "stackproof validate --help")

@@ -79,8 +79,9 @@ class DistEnv:
             answer = self._decide(prefix, mine, decide)
             self.store.set(prefix + "answer", json.dumps(answer))
         else:
-            self.store.set(prefix + str(self.rank), json.dumps(mine))
             try:  # a blocking get: this store's own timeout is --timeout + ANSWER_GRACE_S (see init)
+                # The set too: rank 0 gone before this rank handed in is its store gone, never a traceback.
+                self.store.set(prefix + str(self.rank), json.dumps(mine))
                 raw = self.store.get(prefix + "answer")
             except (RuntimeError, OSError) as err:  # DistStoreError: a timeout; DistNetworkError: rank 0's store gone
                 said = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""

@@ -15,8 +15,29 @@ from stackproof.run.config import ValidateConfig
 SLOW_DOWN = 9
 
 
+# The faults whose injection point a check of this run reached, on this rank (every rank runs the same checks):
+# a fault no selected check injects ends the run as bad input, not as a silent OK (plugin.py, issue 36 item 13).
+REACHED: set[str] = set()
+
+
+def _reach(settings: ValidateConfig, *faults: str) -> bool:
+    if settings.inject_fault in faults:
+        REACHED.add(settings.inject_fault)
+        return True
+    return False
+
+
+def never_injected(settings: ValidateConfig) -> str:
+    """Why the run cannot be judged when its --inject-fault never reached an injection point, else ''."""
+    if not settings.inject_fault or settings.inject_fault in REACHED:
+        return ""
+    return (f"--inject-fault {settings.inject_fault}: expected a selected check that injects it, found none that "
+            "ran (its checks were not selected, or skipped here); fix: select them (docs/localize.md, "
+            "stackproof/run/faults.py say which), or leave --inject-fault out")
+
+
 def active(settings: ValidateConfig, fault: str, rank: int) -> bool:
-    return settings.inject_fault == fault and rank == settings.fault_rank
+    return _reach(settings, fault) and rank == settings.fault_rank
 
 
 def stop_if_asked(settings: ValidateConfig, rank: int) -> None:
@@ -33,6 +54,7 @@ def pair_slow_down(settings: ValidateConfig, env, peer: int) -> int:
     not faulted. The same on both ends of the pair (each end posts every transfer). Ranks are laid out node by
     node (rank = node x local world + local rank; the pairwise check verifies it)."""
     per_node, fault = env.local_world_size, settings.fault_rank
+    _reach(settings, "slow-node", "slow-link")
     if settings.inject_fault == "slow-node":
         return SLOW_DOWN if fault // per_node in (env.node_rank, peer // per_node) else 0
     if settings.inject_fault == "slow-link":
@@ -46,6 +68,6 @@ def pair_slow_down(settings: ValidateConfig, env, peer: int) -> int:
 
 def work_slow_down(settings: ValidateConfig, env) -> float:
     """How much this rank stretches its own timed work (slow-node: every rank on the fault rank's node)."""
-    if settings.inject_fault == "slow-node" and env.node_rank == settings.fault_rank // env.local_world_size:
+    if _reach(settings, "slow-node") and env.node_rank == settings.fault_rank // env.local_world_size:
         return SLOW_DOWN
     return 0.0

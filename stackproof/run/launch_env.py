@@ -30,6 +30,11 @@ WHOLE_NUMBERS = ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD
 # srun sets these in every task it starts (Slurm's setup_env); a batch script itself has SLURM_PROCID and
 # SLURM_NTASKS but no step id.
 SRUN_STEP_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
+SLURM_WHOLE_NUMBERS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID")
+SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+# One host or bracketed range per comma: gpu[003-004,010],login1.
+_HOST = r"[^\s,\[\]]+(?:\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][^\s,\[\]]*)*|\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][^\s,\[\]]*"
+HOSTLIST = re.compile(rf"(?:{_HOST})(?:,(?:{_HOST}))*")
 UNDER_A_LAUNCHER = ("run it as a rank of torchrun, srun or a Kubernetes PyTorchJob (they set RANK, WORLD_SIZE, "
                     "MASTER_ADDR and MASTER_PORT together)")
 
@@ -96,6 +101,7 @@ def check_launcher_env(env: dict[str, str] | os._Environ = os.environ) -> None:
     def or_unset(names: str) -> str:
         return f"or unset {names} (left over from another job?) and validate starts its own ranks"
 
+    _check_slurm(env)
     if "RANK" not in env and "SLURM_PROCID" in env and _int(env.get("SLURM_NTASKS", "1"), 1) > 1 \
             and not any(name in env for name in SRUN_STEP_VARIABLES):
         raise ConfigError(f"SLURM_PROCID={env['SLURM_PROCID']} and SLURM_NTASKS={env['SLURM_NTASKS']} are set but "
@@ -118,6 +124,25 @@ def check_launcher_env(env: dict[str, str] | os._Environ = os.environ) -> None:
     if not 0 <= rank < world:
         raise ConfigError(f"RANK={rank}: expected 0..{world - 1} (WORLD_SIZE={world}); fix: {UNDER_A_LAUNCHER}, "
                           f"{or_unset('RANK and WORLD_SIZE')}")
+
+
+def _check_slurm(env: dict[str, str] | os._Environ) -> None:
+    """Slurm's variables that adopt_slurm_env would make a world of, as srun sets them: whole numbers, the task
+    inside the step, a node list that parses. Otherwise a rank waits out its rendezvous, silently."""
+    fix = ("fix: start the ranks with srun (it sets SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_NODELIST together), or "
+           "unset them (left over from another job?) and validate starts its own ranks")
+    wrong = [f"{name}={env[name]!r}" for name in SLURM_WHOLE_NUMBERS if name in env and _int(env[name], None) is None]
+    if wrong:
+        raise ConfigError(f"expected whole numbers, found {', '.join(wrong)}; {fix}")
+    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) < 2:
+        return  # nothing of Slurm's is adopted
+    task, tasks = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    if not 0 <= task < tasks:
+        raise ConfigError(f"SLURM_PROCID={task}: expected 0..{tasks - 1} (SLURM_NTASKS={tasks}); {fix}")
+    for name in SLURM_NODELISTS:
+        if env.get(name) and not HOSTLIST.fullmatch(env[name].strip()):
+            raise ConfigError(f"{name}={env[name]!r}: expected Slurm's node list (n1,n2 or gpu[001-004,010]), "
+                              f"found one that does not parse; {fix}")
 
 
 def _int(text: str, default: int | None) -> int | None:

@@ -28,7 +28,7 @@ from stackproof.measure import identity, pins
 from stackproof.report import outputs
 from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
-from stackproof.run import phases, smoke_tests_dir
+from stackproof.run import faults, phases, smoke_tests_dir
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import launcher_started, run_ends
 from stackproof.run.watchdog import CheckWatchdog
@@ -53,6 +53,8 @@ FOUND_KEY = pytest.StashKey[list]()
 CLASS_KEY = pytest.StashKey[tuple | None]()
 ERROR_KEY = pytest.StashKey[tuple | None]()
 IDENTITY_KEY = pytest.StashKey[identity.RankIdentity]()
+# How far along the run is: the checks started, and the module of the last one.
+PROGRESS_KEY = pytest.StashKey[list]()
 
 
 class Handover:
@@ -239,6 +241,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     watchdog = config.stash[WATCHDOG_KEY]
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[FOUND_KEY] = [], {}, []
     config.stash[CLASS_KEY] = config.stash[ERROR_KEY] = None
+    _progress(item)
     watchdog.arm(item.nodeid)
     try:
         result = yield
@@ -248,6 +251,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return result
     finally:
         watchdog.disarm()
+
+
+def _progress(item: pytest.Item) -> None:
+    """Rank 0 says each module as it starts, and how far along the run is: a CPU run's modules take minutes, and
+    the header alone left a person waiting without a word (issue 36 item 14)."""
+    started = item.config.stash.setdefault(PROGRESS_KEY, [0, None])
+    started[0] += 1
+    if item.module is started[1]:
+        return
+    started[1] = item.module
+    if item.config.stash[DIST_KEY].is_main:
+        name = Report().check(item.nodeid).name.split("::")[0]
+        print(f"# [{started[0]}/{len(item.session.items)}] {name} ...", file=item.config.stash[STDOUT_KEY],
+              flush=True)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -404,10 +421,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.INTERRUPTED and not report.override:
         report.override = (Exit.INTERRUPTED, f"interrupted after {len(report.checks)} of {len(report.planned)} "
                                              "checks (Ctrl-C / SIGTERM)")
+    if not report.override and (never := faults.never_injected(config.stash[SETTINGS_KEY])):
+        report.override = (Exit.USAGE, never)  # on every rank: they ran the same checks
     if env.is_main:
         _finish(config, report)
     config.stash[VERDICT_KEY] = int(report.exit_code)
-    if env.world_size > 1 and not report.override:
+    # Skipped only when a peer may not answer (one timed out, or the run was interrupted): a rank with bad input
+    # (said on every rank, or only on some) still agrees, so that no rank hands in to a rank 0 that left.
+    if env.world_size > 1 and not (report.override and report.override[0] in (Exit.INCOMPLETE, Exit.INTERRUPTED)):
         # Nobody exits before rank 0 has written the verdict (under a bare torchrun a rank's non-zero exit makes
         # torchrun stop the others), and every rank leaves knowing it.
         try:
