@@ -312,3 +312,40 @@ def _compile_returns_eager(_rank):
     def compile(fn=None, *args, **kwargs):
         return fn if fn is not None else (lambda f: f)
     torch.compile = compile
+
+
+def _patch_gemms(spoil) -> None:
+    """torch.matmul, the @ operator, F.linear and torch._scaled_mm each pass their result through
+    `spoil(a, b, out, k)` (a, b as the caller gave them, k the contracted size)."""
+    real_matmul, real_op, real_linear = torch.matmul, torch.Tensor.__matmul__, F.linear
+    real_scaled = getattr(torch, "_scaled_mm", None)
+
+    @functools.wraps(real_matmul)
+    def matmul(a, b, **kwargs):
+        return spoil(a, b, real_matmul(a, b, **kwargs), a.shape[-1])
+
+    @functools.wraps(real_linear)
+    def linear(x, weight, *args, **kwargs):
+        return spoil(x, weight, real_linear(x, weight, *args, **kwargs), x.shape[-1])
+
+    torch.matmul, F.linear = matmul, linear
+    torch.Tensor.__matmul__ = lambda a, b: spoil(a, b, real_op(a, b), a.shape[-1])
+    if real_scaled is not None:
+        @functools.wraps(real_scaled)
+        def scaled_mm(a, b, *args, **kwargs):
+            return spoil(a, b, real_scaled(a, b, *args, **kwargs), a.shape[-1])
+        torch._scaled_mm = scaled_mm
+
+
+@fault("half-gemm-wrong-at-large-k")
+def _half_gemm_wrong_at_large_k(_rank):
+    """GEMMs in fp16, bf16 or fp8 with K >= 2048 (a split-K / stream-K kernel) are off by one in one element of
+    their result, on every rank alike; fp32 and small K are right."""
+    halves = {torch.float16, torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
+                                               if hasattr(torch, n))}
+
+    def spoil(a, b, out, k):
+        if a.dtype in halves and k >= 2048 and out.dim() == 2:
+            out[0, 1] += 1
+        return out
+    _patch_gemms(spoil)
