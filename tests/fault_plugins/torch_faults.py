@@ -349,3 +349,19 @@ def _half_gemm_wrong_at_large_k(_rank):
             out[0, 1] += 1
         return out
     _patch_gemms(spoil)
+
+
+@fault("attention-head-wrong")
+def _attention_head_wrong(_rank):
+    """scaled_dot_product_attention computes its last head with the scale 1 instead of 1/sqrt(head size) (a
+    kernel wrong for one head), forward and so backward, on every rank and every backend alike."""
+    real = F.scaled_dot_product_attention
+
+    @functools.wraps(real)
+    def sdpa(query, key, value, *args, **kwargs):
+        out = real(query, key, value, *args, **kwargs)
+        if query.dim() != 4 or query.shape[1] < 2:
+            return out
+        last = real(query[:, -1:], key[:, -1:], value[:, -1:], *args, **{**kwargs, "scale": 1.0})
+        return torch.cat([out[:, :-1], last], dim=1)
+    F.scaled_dot_product_attention = sdpa
