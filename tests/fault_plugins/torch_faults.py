@@ -365,3 +365,19 @@ def _attention_head_wrong(_rank):
         last = real(query[:, -1:], key[:, -1:], value[:, -1:], *args, **{**kwargs, "scale": 1.0})
         return torch.cat([out[:, :-1], last], dim=1)
     F.scaled_dot_product_attention = sdpa
+
+
+@fault("adamw-decays-twice")
+def _adamw_decays_twice(_rank):
+    """torch.optim.AdamW applies its weight decay twice per step (decoupled, and once more), in every form."""
+    real = torch.optim.AdamW.step
+
+    @functools.wraps(real)
+    def step(self, *args, **kwargs):
+        with torch.no_grad():
+            for group in self.param_groups:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        param.mul_(1 - group["lr"] * group["weight_decay"])
+        return real(self, *args, **kwargs)
+    torch.optim.AdamW.step = step
