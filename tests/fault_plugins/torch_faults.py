@@ -6,6 +6,7 @@ one way a library or a machine can go wrong while every rank still agrees, the k
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -381,3 +382,34 @@ def _adamw_decays_twice(_rank):
                         param.mul_(1 - group["lr"] * group["weight_decay"])
         return real(self, *args, **kwargs)
     torch.optim.AdamW.step = step
+
+
+@fault("sub-group-corrupts")
+def _sub_group_corrupts(rank):
+    """Collectives on a group other than the default one (a communicator split off for tensor, pipeline or data
+    parallelism) deliver one element off by one on one rank; the default group's are right."""
+    for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
+        real = getattr(dist, name)
+
+        def patched(output, *args, _real=real, _signature=inspect.signature(real), **kwargs):
+            work = _real(output, *args, **kwargs)
+            group = _signature.bind(output, *args, **kwargs).arguments.get("group")
+            if _on(rank) and group is not None and group is not dist.group.WORLD and output.numel():
+                output.view(-1)[output.numel() // 2] += 1
+            return work
+        setattr(dist, name, functools.wraps(real)(patched))
+    real_batch = dist.batch_isend_irecv
+
+    @functools.wraps(real_batch)
+    def batch_isend_irecv(p2p_op_list):
+        works = real_batch(p2p_op_list)
+        spoiled = [op for op in p2p_op_list if op.op is dist.irecv and op.group is not None
+                   and op.group is not dist.group.WORLD and op.tensor.numel()]
+        if not (_on(rank) and spoiled):
+            return works
+        for work in works:
+            work.wait()
+        for op in spoiled:
+            op.tensor.view(-1)[op.tensor.numel() // 2] += 1
+        return [_Waited(work) for work in works]
+    dist.batch_isend_irecv = batch_isend_irecv
