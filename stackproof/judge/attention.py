@@ -55,10 +55,12 @@ def unsupported(error: str) -> bool:
 
 @dataclasses.dataclass
 class Reading:
-    """One backend on one case: the error it raised (''), else each tensor's worst |found - reference| / bound."""
+    """One backend on one case: the error it raised (''), else each tensor's worst |found - reference| / bound,
+    and the head it is in (a kernel wrong for one head shows as one head)."""
     case: Case
     error: str = ""
     worst: dict[str, float] = dataclasses.field(default_factory=dict)
+    head: dict[str, int] = dataclasses.field(default_factory=dict)  # the head each tensor's worst element is in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +82,8 @@ def judge(readings: list[Reading]) -> Verdict:
             continue
         ran.append(str(reading.case))
         worst = max([worst, *reading.worst.values()])
-        off = [f"{name} {ratio:.3g}x" for name, ratio in reading.worst.items() if not ratio <= 1]
+        off = [f"{name} {ratio:.3g}x (head {reading.head.get(name, '?')})"
+               for name, ratio in reading.worst.items() if not ratio <= 1]
         if off:
             wrong.append(f"{reading.case}: error / tolerance {', '.join(off)}")
     return Verdict(ran, not_served, wrong, worst)

@@ -206,9 +206,9 @@ def gemm_stride(k: int, output_bits: int) -> int:
 
 
 def gemm_sign(i, k):
-    """+-1 by a hash of (i, k): neighbouring rows and K positions differ, so a shifted or transposed operand
-    shows."""
-    return 1 - 2 * ((i * 7 + k * 13 + (i * k) // 5) % 3 == 0)
+    """+-1 by a quadratic hash of (i, k) mod a prime above GEMM_ROWS: every row and column of the product differs
+    from every other, so a shifted, permuted or transposed operand shows."""
+    return 1 - 2 * ((i * i * 3 + k * k * 5 + i * k * 7 + i + 2 * k) % 257 < 128)
 
 
 def gemm_a(i, k, stride: int):
@@ -218,4 +218,4 @@ def gemm_a(i, k, stride: int):
 
 def gemm_b(k, j):
     """B[k, j]: +-1 everywhere, another hash than A's."""
-    return gemm_sign(j + 3, k)
+    return gemm_sign(j + 101, k)

@@ -46,7 +46,8 @@ def reference(case: judged.Case, seed: int) -> Reference:
     out = p @ v
     dp = dout @ v.transpose(-1, -2)
     ds = p * (dp - (dout * out).sum(-1, keepdim=True))
-    values = {"out": out, "dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale, "dv": p.transpose(-1, -2) @ dout}
+    values = {"out": out, "dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale,
+              "dv": p.transpose(-1, -2) @ dout}
     # magnitudes: the same chain over absolute values, with P scaled by g (the scores' rounding, relative to |S|,
     # row-wise), and with P replaced by the mask (what an underflow to the dtype's subnormals may lose)
     g = 1 + 2 * s.masked_fill(s.isinf(), 0).abs().amax(-1, keepdim=True)
@@ -78,11 +79,12 @@ def measure(name: str, case: judged.Case, ref: Reference, device: torch.device) 
         return judged.Reading(case, error=str(err).strip().splitlines()[0][:300] if str(err).strip() else "error")
     found = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
-    worst = {}
+    worst, heads = {}, {}
     for tensor in judged.TENSORS:
         want = ref.values[tensor]
         bound = judged.tolerance(want.abs(), ref.magnitude[tensor], ref.magnitude[tensor + "_underflow"], eps, tiny)
         error = (found[tensor].detach().double().cpu() - want).abs()
         ratio = torch.where(bound > 0, error / bound.clamp(min=1e-300), torch.where(error > 0, math.inf, 0.0))
         worst[tensor] = float(ratio.max())
-    return judged.Reading(case, worst=worst)
+        heads[tensor] = int(ratio.amax(dim=(0, 2, 3)).argmax())
+    return judged.Reading(case, worst=worst, head=heads)

@@ -13,8 +13,10 @@ def start(seed: int = 71) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]
     on the CPU; exact in float32, so the float64 reference starts from the same numbers."""
     generator = torch.Generator().manual_seed(seed)
     params = [torch.randn(size, generator=generator) for size in judged.SIZES]
-    grads = [[(torch.rand(size, generator=generator) + 0.5) * (torch.randint(0, 2, (size,), generator=generator) * 2 - 1)
-              for size in judged.SIZES] for _ in range(judged.STEPS)]
+    def grad(size):
+        signs = torch.randint(0, 2, (size,), generator=generator) * 2 - 1
+        return (torch.rand(size, generator=generator) + 0.5) * signs
+    grads = [[grad(size) for size in judged.SIZES] for _ in range(judged.STEPS)]
     return params, grads
 
 

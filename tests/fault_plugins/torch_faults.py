@@ -390,8 +390,9 @@ def _sub_group_corrupts(rank):
     parallelism) deliver one element off by one on one rank; the default group's are right."""
     for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
         real = getattr(dist, name)
+        signature = inspect.signature(real)
 
-        def patched(output, *args, _real=real, _signature=inspect.signature(real), **kwargs):
+        def patched(output, *args, _real=real, _signature=signature, **kwargs):
             work = _real(output, *args, **kwargs)
             group = _signature.bind(output, *args, **kwargs).arguments.get("group")
             if _on(rank) and group is not None and group is not dist.group.WORLD and output.numel():
