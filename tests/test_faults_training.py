@@ -11,7 +11,8 @@ def test_training_kernel_faults_are_caught_where_they_are(tmp_path):
     proc, report = validate_with_faults(
         tmp_path, ["half-gemm-wrong-at-large-k", "attention-head-wrong", "adamw-decays-twice", "sub-group-corrupts"],
         "--max-check-bytes", "64K",
-        "-k", "gemms_at_every or attention or optimizer_step or sub_groups or all_reduce and sum-float32")
+        "-k", "gemms_at_every or attention or optimizer_step or sub_groups or all_reduce and sum-float32 "
+              "or float64_reference and float32")
     assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
     failed, passed = failed_messages(report), set(checks(report, "passed"))
 
@@ -32,8 +33,25 @@ def test_training_kernel_faults_are_caught_where_they_are(tmp_path):
         message = failed[f"parallel_groups::collectives_on_sub_groups[{axis}]"]
         assert "failed on rank(s) [1] of 2" in message and words in message, message
     assert "collectives::all_reduce[sum-float32]" in passed  # the default group's collectives stay right
+    for mode in ("ddp", "fsdp2"):  # the wrong head reaches the training step's gradients: the reference is by formula
+        message = failed[f"transformer::training_step_equals_the_float64_reference[{mode}-float32]"]
+        assert "gradient of qkv.weight" in message and "failed on rank(s) [0, 1] of 2" in message, message
     assert set(failed) == {"libraries::gemms_at_every_k_class",
                            *(f"attention::attention_gives_the_known_answer[{b}]" for b in ("flash", "math")),
                            *(f"optimizers::optimizer_step_equals_the_reference[AdamW-{f}]"
                              for f in ("for-loop", "foreach", "fused")),
-                           *(f"parallel_groups::collectives_on_sub_groups[{a}]" for a in ("tp", "pp", "dp"))}
+                           *(f"parallel_groups::collectives_on_sub_groups[{a}]" for a in ("tp", "pp", "dp")),
+                           *(f"transformer::training_step_equals_the_float64_reference[{m}-float32]"
+                             for m in ("ddp", "fsdp2"))}
+
+
+def test_gradient_accumulation_that_loses_micro_batches_is_caught_under_ddp_only(tmp_path):
+    """DDP's no_sync dropping what it accumulated: the DDP steps are red in every precision (the GradScaler's
+    too), FSDP2's (its own accumulation switch) stay green."""
+    proc, report = validate_with_faults(tmp_path, ["no-sync-loses-gradients"], "-k", "float64_reference")
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed, passed = failed_messages(report), set(checks(report, "passed"))
+    name = "transformer::training_step_equals_the_float64_reference"
+    assert set(failed) == {f"{name}[ddp-{p}]" for p in ("float32", "bfloat16", "float16")}, failed
+    assert {f"{name}[fsdp2-{p}]" for p in ("float32", "bfloat16", "float16")} <= passed
+    assert all("gradient of" in message for message in failed.values()), failed

@@ -29,10 +29,10 @@ def form_kwargs(form: str) -> dict[str, bool]:
             "fused": {"fused": True}}[form]
 
 
-def reference(name: str, param, grads):
+def reference(name: str, param, grads, settings: dict | None = None):
     """The parameter after len(grads) steps from a fresh state, and the sum of |each step's change| (the
-    magnitude the tolerance scales with)."""
-    s = SETTINGS[name]
+    magnitude the tolerance scales with); `settings` in place of SETTINGS[name]."""
+    s = settings or SETTINGS[name]
     lr, wd = s["lr"], s["weight_decay"]
     moved = param * 0
     first = second = buffer = None

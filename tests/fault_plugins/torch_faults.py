@@ -5,6 +5,7 @@ one way a library or a machine can go wrong while every rank still agrees, the k
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -414,3 +415,18 @@ def _sub_group_corrupts(rank):
             op.tensor.view(-1)[op.tensor.numel() // 2] += 1
         return [_Waited(work) for work in works]
     dist.batch_isend_irecv = batch_isend_irecv
+
+
+@fault("no-sync-loses-gradients")
+def _no_sync_loses_gradients(_rank):
+    """DDP's no_sync drops the gradients accumulated inside it (gradient accumulation keeps the last micro-batch
+    only), on every rank alike."""
+    real = DistributedDataParallel.no_sync
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        with real(self):
+            yield
+        for param in self.module.parameters():
+            param.grad = None
+    DistributedDataParallel.no_sync = no_sync
