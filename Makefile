@@ -113,6 +113,9 @@ test: $(NEED_VENV) ## the test suite (python -m pytest; makes .venv first)
 validate: $(NEED_VENV) ## run the validation suite on this host's python and GPUs
 	$(PYTHON) -m stackproof validate $(ARGS)
 
+accept: $(NEED_VENV) ## on a GPU host: the acceptance run (healthcheck x3, every tier, two emulated nodes); OUT=acceptance
+	STACKPROOF_PYTHON=$(PYTHON) scripts/gpu-acceptance.sh $(or $(OUT),acceptance)
+
 # make exits 2 whenever the container fails; the container's own exit code is printed and kept in reports/.
 # ATTEST=1: then sign the run's result (PASSED or FAILED) onto the image digest (stackproof attest, COSIGN_KEY):
 # the image's RepoDigest (pushed or pulled), or ATTEST_IMAGE=REPO@sha256:... for one built here.

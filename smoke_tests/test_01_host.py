@@ -4,7 +4,9 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.fast
+from stackproof.judge.promise import FAST, Needs
+
+pytestmark = pytest.mark.check(FAST, Needs())
 MiB = 1 << 20
 # Docker gives containers 64 MiB of /dev/shm unless told otherwise: NCCL's SHM transport and DataLoader
 # workers then fail mid-run with "unable to write to file </torch_...>" or NCCL shm errors.

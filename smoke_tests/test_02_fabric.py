@@ -9,9 +9,10 @@ import pytest
 from stackproof.judge import fabric as rules
 from stackproof.judge import findings as judged
 from stackproof.judge import spec as node_spec
+from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import fabric, identity
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.check(FAST, Needs(), optional="a node without RDMA ports has none to judge")
 
 
 def _spec_expect(settings, models: list[str]) -> dict | None:

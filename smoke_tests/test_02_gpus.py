@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from stackproof.judge import expectation, hardware, sharing, software
+from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import identity, nics, topology
 
-pytestmark = [pytest.mark.gpu, pytest.mark.fast]
+pytestmark = pytest.mark.check(FAST, Needs(gpu=True))
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ import torch
 from stackproof.judge import fabric as network
 from stackproof.judge import findings as judged
 from stackproof.judge import spec as node_spec
+from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import fabric, health, identity, topology
 
-pytestmark = [pytest.mark.fast, pytest.mark.gpu]
+pytestmark = pytest.mark.check(FAST, Needs(gpu=True))
 
 
 def _read_own(device: torch.device, node: str, rank: int, sysfs: str) -> dict:
@@ -47,6 +48,9 @@ def _judge(report, found_by_node: dict, mine: dict) -> None:
     assert not own, f"{mine['node']}: " + " | ".join(map(str, own))
 
 
+# Runs without --spec too: its table of the node's facts is what `stackproof spec` makes a spec from.
+@pytest.mark.check(FAST, Needs(gpu=True), optional="no --spec given: nothing says what this node should be",
+                   promised_by="spec")
 def test_matches_the_spec(facts, dist_env, settings, report):
     mine, rows = facts
     report.table(node_spec.TABLE, rows)
@@ -65,10 +69,9 @@ def test_matches_the_spec(facts, dist_env, settings, report):
                     for node, node_rows in nodes.items()}, mine)
 
 
+@pytest.mark.check(FAST, Needs(gpu=True, nodes=2))
 def test_nodes_agree_on_driver_and_vbios(facts, dist_env, report):
     mine, rows = facts
     report.table(node_spec.TABLE, rows)
-    if dist_env.num_nodes < 2:
-        pytest.skip("one node: no other node to compare its driver and VBIOS with")
     report.figure("nodes", dist_env.num_nodes)
     _judge(report, node_spec.odd_nodes(node_spec.by_node(rows)), mine)

@@ -15,10 +15,11 @@ import torch
 from stackproof.judge import bars, data, hardware, per_gpu, sharing
 from stackproof.judge import counters as counter_rules
 from stackproof.judge import health as rules
+from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import counters, gpu_proof, health, identity, memtest, patterns, topology, watermark
 from stackproof.run import faults
 
-pytestmark = [pytest.mark.fast, pytest.mark.gpu]
+pytestmark = pytest.mark.check(FAST, Needs(gpu=True))
 
 HOST = socket.gethostname()
 # Every GPU's figure goes into the check's line up to this many GPUs; all of them always go into report.json.
@@ -196,10 +197,15 @@ def test_sdc_digest(own, dist_env, settings, report):
                              f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
-def test_memory_holds_patterns(own, dist_env, report):
+def test_memory_holds_patterns(own, first_on_gpu, dist_env, report):
     """DCGM's memory test, short: address, walking-bit and random patterns over most of the free memory."""
     gpu = own[0]
     report.classify("configuration", "triage")  # wrong bytes are findings of their own, on the GPU
+    if first_on_gpu != dist_env.rank:
+        # Two ranks on one GPU (emulated nodes) would each find the other's half taken: the first tests it all.
+        # gpus::no_two_ranks_share_a_gpu says whether the sharing itself is a fault.
+        report.figure("tested_by_rank", first_on_gpu)
+        return
     tested = memtest.run(dist_env.device, patterns.seed_of("memtest", gpu.uuid))
     report.figure("tested", round(tested.tested_bytes / GiB, 1), "GiB")
     report.figure("free", round(tested.free_bytes / GiB, 1), "GiB")
@@ -326,6 +332,7 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
         pytest.skip(f"no bar for the copies ({h2d / 1e9:.1f} / {d2h / 1e9:.1f} GB/s measured): {bar.source}")
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), optional="no GEMM bar for a GPU architecture without a table")
 def test_gemm_throughput(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("performance", "triage")

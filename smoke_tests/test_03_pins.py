@@ -5,7 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import pins
+
+# Held where something declares the versions (a stackproof image's /etc/stackproof, --image, --expect-file).
+pytestmark = pytest.mark.check(FULL, Needs(), optional="nothing declares the versions outside a stackproof image")
 
 WHEEL_LIBRARIES = [("nccl", "nvidia-nccl-cu"), ("cudnn", "nvidia-cudnn-cu")]
 

@@ -8,6 +8,7 @@ import torch
 
 from stackproof.judge import bars, data
 from stackproof.judge import fabric as network
+from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import bandwidth, fabric, identity, topology
 
 MiB, GiB, KiB = 1 << 20, 1 << 30, 1 << 10
@@ -70,7 +71,7 @@ def _network_bar(fabrics, dist_env, settings) -> bars.Bar:
                                         settings.busbw_fraction, settings.emulated_nodes)
 
 
-@pytest.mark.multi_rank
+@pytest.mark.check(FULL, Needs(ranks=2), optional="no busbw bar across nodes without --min-busbw, nor on CPU ranks")
 def test_all_reduce_busbw(sweep, gpus, fabrics, dist_env, settings, report):
     sweep, wrong = sweep
     report.classify("performance", "triage")
@@ -100,8 +101,7 @@ def test_all_reduce_busbw(sweep, gpus, fabrics, dist_env, settings, report):
         f"found {largest.busbw_gbps:.1f} GB/s")
 
 
-@pytest.mark.gpu
-@pytest.mark.multi_rank
+@pytest.mark.check(FULL, Needs(gpu=True, ranks=2), optional="a torch without CUDA-graph NCCL capture, or --graph-max 0")
 def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
     """Small messages without the host in the way: the latency a training step that replays a graph sees."""
     report.classify("configuration", "triage")
@@ -131,8 +131,7 @@ def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
     _sums_intact(report, dist_env, wrong, "an all_reduce sum replayed from a CUDA graph")
 
 
-@pytest.mark.gpu
-@pytest.mark.multi_rank
+@pytest.mark.check(FULL, Needs(gpu=True, ranks=2), optional="NCCL_DEBUG set by the caller: no transport log of ours")
 def test_nccl_transport(sweep, gpus, fabrics, dist_env, settings, report):
     sweep = sweep[0]
     report.classify("configuration", "triage")

@@ -9,6 +9,9 @@ import torch.nn.functional as F
 
 from stackproof.judge import known_answers as recipe
 from stackproof.judge import software
+from stackproof.judge.promise import FULL, Needs
+
+pytestmark = pytest.mark.check(FULL, Needs())
 
 CPU_SHRINK = 8  # CPU runs take 1/8 of each spatial size: the same kernels, strides and channels, in seconds
 BATCH = {"cuda": 4, "cpu": 2}

@@ -16,8 +16,11 @@ from torch.utils.data import DistributedSampler
 
 from stackproof.judge import consensus
 from stackproof.judge import known_answers as recipe
+from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import training
 from stackproof.run import faults
+
+pytestmark = pytest.mark.check(FULL, Needs())
 
 WARMUP_STEPS_GPU = 5
 

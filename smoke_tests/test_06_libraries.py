@@ -15,7 +15,10 @@ import torch.nn.functional as F
 
 from stackproof.judge import known_answers as recipe
 from stackproof.judge import software
+from stackproof.judge.promise import FAST, FULL, Needs
 from stackproof.measure import known_answers as known
+
+pytestmark = pytest.mark.check(FULL, Needs())
 
 ASSERT_TIMEOUT_S = 60.0  # a fresh process with a CUDA context, made to fail on purpose
 
@@ -179,7 +182,7 @@ def _gemm_case(device: torch.device, name: str, k: int) -> str:
     return "; ".join(problems)
 
 
-@pytest.mark.fast
+@pytest.mark.check(FAST, Needs())  # ~ms on a GPU: every tier proves the GEMMs a job will run
 def test_gemms_at_every_k_class(dist_env, report):
     """Every precision training multiplies in (fp32, TF32, bf16, fp16, fp8 where the GPU has it) at a small, a
     medium and a large K: the library picks another kernel (tile, split-K, stream-K) per K class, so a kernel

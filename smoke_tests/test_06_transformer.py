@@ -10,26 +10,21 @@ import torch
 
 from stackproof.judge import optimizers
 from stackproof.judge import transformer as judged
+from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import transformer
+
+pytestmark = pytest.mark.check(FULL, Needs())
+MODES = [pytest.param(mode, marks=pytest.mark.check(FULL, Needs(api=judged.FSDP2_API))) if mode == "fsdp2" else mode
+         for mode in judged.MODES]
 
 HINT = ("a training step differs from its float64 reference: an attention / GEMM kernel (see the attention and "
         "GEMM checks), DDP's or FSDP's gradient reduction, no_sync accumulation, or the GradScaler")
 
 
-def _api(path: str) -> bool:
-    module, _, name = path.rpartition(".")
-    try:
-        return hasattr(__import__(module, fromlist=[name]), name)
-    except ImportError:
-        return False
-
-
 @pytest.mark.parametrize("precision", judged.PRECISIONS)
-@pytest.mark.parametrize("mode", judged.MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_training_step_equals_the_float64_reference(mode, precision, dist_env, report):
     report.classify("software-pins", "triage")
-    if mode == "fsdp2" and not _api(judged.FSDP2_API):
-        pytest.skip(f"torch {torch.__version__} has no {judged.FSDP2_API}")
     shape, world = judged.SHAPE, dist_env.world_size
     before, grads, after = transformer.step(mode, precision, shape, dist_env.rank, dist_env.device)
     want = transformer.reference_gradients(shape, world, before)

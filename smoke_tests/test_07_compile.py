@@ -14,6 +14,9 @@ import pytest
 import torch
 
 from stackproof.judge import software
+from stackproof.judge.promise import FULL, Needs
+
+pytestmark = pytest.mark.check(FULL, Needs())
 
 CALLS = 3  # the first call compiles; the later ones reuse the kernels on new data
 

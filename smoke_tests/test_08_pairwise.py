@@ -10,11 +10,13 @@ import torch.distributed as dist
 from stackproof.judge import data
 from stackproof.judge import fabric as network
 from stackproof.judge import pairwise as blame
+from stackproof.judge.promise import FAST, FULL, Needs
 from stackproof.measure import fabric, identity, pairwise, patterns, topology
 from stackproof.run import faults
 
 MiB = 1 << 20
-pytestmark = pytest.mark.multi_rank
+# Measured everywhere, judged where a bar holds the pairs (NVML link peaks, --min-pair-gbps, a spec's rate).
+NO_BAR = "no bar may hold the pairs: CPU ranks, links without a peak"
 
 
 def _nbytes(settings, dist_env) -> int:
@@ -97,11 +99,9 @@ def _line_rate_bar(dist_env, settings, per_node) -> pairwise.Bar:
     return pairwise.Bar(bar.value, bar.source)
 
 
-@pytest.mark.fast
+@pytest.mark.check(FAST, Needs(local_ranks=2), optional=NO_BAR)
 def test_local_pairs(layout, dist_env, settings, report):
     per_node = layout
-    if per_node < 2:
-        pytest.skip("one rank per node: no pair of local GPUs (or CPU ranks) to measure")
     faults.stop_if_asked(settings, dist_env.rank)  # hang: its peers must name it, not wait for it
     nbytes = _nbytes(settings, dist_env)
     base = dist_env.node_rank * per_node
@@ -143,10 +143,9 @@ def test_local_pairs(layout, dist_env, settings, report):
     _no_pass_without_a_bar(verdict)
 
 
+@pytest.mark.check(FULL, Needs(nodes=2), optional=NO_BAR)
 def test_node_pairs(layout, dist_env, settings, report):
     per_node, nodes = layout, dist_env.num_nodes
-    if nodes < 2:
-        pytest.skip("one node: no pair of nodes to measure")
     nbytes = _nbytes(settings, dist_env)
 
     def rank_of(node):

@@ -12,12 +12,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from stackproof.judge import sharing
+from stackproof.judge.promise import FULL, Needs
 from stackproof.judge.stragglers import late_ranks
 from stackproof.measure import identity, stragglers
 from stackproof.run import faults
 
-pytestmark = pytest.mark.multi_rank
+# Not promised: ranks that share CPU cores, or one GPU (emulated nodes), have no one to be compared with.
+pytestmark = pytest.mark.check(FULL, Needs(ranks=2), optional="ranks that share CPU cores or one GPU have no one to be "
+                               "compared with")
 REPS = 5
 PHASES = ["all_reduce", "all_gather", "broadcast", "ddp_step"]
 
@@ -92,7 +94,7 @@ def test_no_rank_arrives_late(phase, dist_env, settings, report, stack):
     mine = {"arrival": min(arrivals), "wait": statistics.median(waits),
             "gpu": str(torch.cuda.get_device_properties(dist_env.device).uuid) if dist_env.is_gpu else None}
     verdict = dist_env.agree(mine, f"the {phase} arrival times", lambda values: {
-        **late_ranks([v["arrival"] for v in values], tolerance or 0.0, sharing.shares([v["gpu"] for v in values])),
+        **late_ranks([v["arrival"] for v in values], tolerance or 0.0, [v["gpu"] for v in values]),
         "rows": [{"rank": r, "arrival_ms": round(v["arrival"] * 1e3, 3), "wait_ms": round(v["wait"] * 1e3, 3)}
                  for r, v in enumerate(values)]})
     report.figure("arrival", round(mine["arrival"] * 1e3, 3), "ms")
@@ -105,6 +107,9 @@ def test_no_rank_arrives_late(phase, dist_env, settings, report, stack):
     if tolerance is None:
         pytest.skip("CPU ranks share this host's cores: their timings are reported above, not judged; pass "
                     "--straggler-tolerance to judge them")
+    if dist_env.rank not in verdict["judged"]:
+        pytest.skip("every other rank shares this rank's GPU (emulated nodes): the GPU's time-slicing, not a rank, "
+                    "decides who finishes first; measured, not judged")
     late = {s["rank"]: s for s in verdict["slow"]}
     if dist_env.rank in late:
         found = late[dist_env.rank]

@@ -15,9 +15,10 @@ import torch
 from stackproof.judge import burn as rules
 from stackproof.judge import per_gpu
 from stackproof.judge.health import nvml_error_finding
+from stackproof.judge.promise import SOAK, Needs
 from stackproof.measure import burn, health, topology
 
-pytestmark = [pytest.mark.burn]
+pytestmark = pytest.mark.check(SOAK, Needs())
 
 HOST = socket.gethostname()
 SAY_EVERY_S = 10  # one progress line per this many seconds on stdout (the contract: at most one a second)
@@ -191,6 +192,8 @@ def test_memory_and_copies_hold_their_data(state, dist_env, settings, report):
     assert result.memory_bytes_checked, f"{_where(s)}: the soak ended before any memory chunk was verified"
 
 
+@pytest.mark.check(SOAK, Needs(), optional="CPU ranks share the host's cores: judged only with --burn-sag",
+                   optional_on=("cpu",), promised_by="burn_sag")
 def test_throughput_holds_over_time(state, dist_env, settings, report):
     s = _soaked(state, dist_env, settings, report)
     figures, bar = s["figures"], s["bar"]
@@ -212,29 +215,25 @@ def test_throughput_holds_over_time(state, dist_env, settings, report):
                     f"{figures['last']} TFLOP/s), judged only with --burn-sag")
 
 
+# CPU ranks share the host's cores: no rank is held to the others. The job's GPUs are the peers (those of
+# another model have their own median).
+@pytest.mark.check(SOAK, Needs(gpu=True, ranks=2))
 def test_no_gpu_lags_its_peers(state, dist_env, settings, report):
     s = _soaked(state, dist_env, settings, report)
     report.classify("performance", "triage")
     median = (s["peers"]["median"] or {}).get(s["model"])
     if median is not None:
         report.figure("median", round(median, 4), "TFLOP/s")
-    if not dist_env.is_gpu:
-        pytest.skip("CPU ranks share the host's cores: no rank is held to the others")
-    peers = dist_env.world_size  # the job's GPUs; those of another model have their own median
     findings = rules.behind_peers(s["index"], s["uuid"], s["samples"], median, settings.gpu_spread, s["model"],
                                   s["total"]) if median is not None else []
     report.found(*findings)
     report.hint(rules.THROUGHPUT_HINT)
     assert not findings, f"{_where(s)}: " + " | ".join(map(str, findings))
-    if peers < 2:
-        pytest.skip(f"one GPU in the job: no peer of the model to compare with (sustained {s['figures']['last']} "
-                    "TFLOP/s)")
 
 
+@pytest.mark.check(SOAK, Needs(gpu=True))  # NVML's clocks and temperature
 def test_clocks_and_temperature_hold(state, dist_env, settings, report):
     s = _soaked(state, dist_env, settings, report)
-    if not dist_env.is_gpu:
-        pytest.skip("CPU ranks: no NVML to read clocks and temperature from")
     samples, limits = s["samples"], s["result"].limits
     report.classify("gpu-hardware", "triage")
     findings = rules.clocks(s["index"], s["uuid"], samples, s["total"])

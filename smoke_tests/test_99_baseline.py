@@ -7,9 +7,11 @@ stackproof/judge/baseline.py judges."""
 import pytest
 
 from stackproof.judge import baseline as judge
+from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import baseline
 
-pytestmark = [pytest.mark.fast]
+# Not promised: a --baseline holds only the figures it has, and none given holds none.
+pytestmark = pytest.mark.check(FAST, Needs(), optional="no --baseline given, or it holds none of this run's figures")
 
 
 def test_figures_hold_their_baseline(dist_env, settings, report):

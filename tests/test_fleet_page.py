@@ -66,7 +66,7 @@ def node_report(index: int) -> dict:
                Check("smoke_tests/test_07_compile.py::test_compile"),
                Check("smoke_tests/test_08_pairwise.py::test_local_pairs"),
                Check("smoke_tests/test_09_stragglers.py::test_arrival")]
-    # A selection of checks (as with -k): the tier's promise shrinks to them (judge/verdict.py).
+    # A selection of checks (as with -k): the tier's promise shrinks to them (judge/promise.py).
     report = Report(ranks=ranks, checks=checks, planned=[c.nodeid for c in checks], complete=True, wall_time_s=95.0,
                     world={"size": GPUS, "nodes": 1, "backend": "nccl", "local_world_size": GPUS},
                     settings={"tier": "full",

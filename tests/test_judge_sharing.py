@@ -27,4 +27,13 @@ def test_emulated_nodes_share_on_purpose_and_measure_once():
 def test_stragglers_are_weighed_by_the_ranks_on_their_gpu():
     seconds = [2.0, 2.0, 1.0]  # ranks 0 and 1 ran their work on one GPU at once
     assert [s["rank"] for s in late_ranks(seconds, 0.1)["slow"]] == [0, 1]
-    assert late_ranks(seconds, 0.1, sharing.shares(UUIDS))["slow"] == []
+    assert late_ranks(seconds, 0.1, UUIDS)["slow"] == []
+
+
+def test_ranks_on_one_gpu_are_never_each_others_reference():
+    """Two emulated nodes on one H200: the GPU's time-slicing made rank 1 13 % and 32 % slower than rank 0 (a
+    straggler FAIL before); ranks that share a GPU are compared only with ranks of other GPUs."""
+    one_gpu = late_ranks([0.0054, 0.0061], 0.1, ["GPU-a", "GPU-a"])
+    assert one_gpu["slow"] == [] and one_gpu["judged"] == []
+    three = late_ranks([2.0, 2.6, 1.0], 0.1, UUIDS)  # rank 1: 1.3 s alone, 30 % above rank 2's 1.0 s
+    assert [s["rank"] for s in three["slow"]] == [1] and three["judged"] == [0, 1, 2]

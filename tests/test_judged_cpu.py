@@ -36,7 +36,7 @@ def _check(report, name):
 def test_cpu_pair_figures_are_reported_not_judged_unless_asked(tmp_path):
     """Item 11: `--nproc 4 -k pairwise` on a 2-core host failed pairwise::local_pairs (CPU ranks share the cores);
     pair figures are now judged like CPU straggler timings: only when asked. (With the barrier beside them: a run
-    that judged no check at all is not OK, judge/verdict.py.)"""
+    that judged no check at all is not OK, judge/promise.py.)"""
     proc, report = validate(tmp_path, "--nproc", "4", "-k", "pairwise or barrier", "--warmup", "1", "--iters", "5")
     assert proc.returncode == Exit.OK, proc.stdout[-3000:]
     check = _check(report, "pairwise::local_pairs")

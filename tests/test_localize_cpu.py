@@ -42,7 +42,7 @@ def test_slow_link_between_two_local_ranks_names_that_pair(tmp_path):
 
 def test_local_pairs_are_in_the_fast_tier_and_two_ranks_are_measured_not_judged(tmp_path):
     """Two CPU ranks make one pair, its own reference: no bar, so no PASS (SKIP, saying why); the fast tier on
-    a CPU host promises the host check only, so the run is still OK (judge/verdict.py)."""
+    a CPU host promises the host check only, so the run is still OK (judge/promise.py)."""
     proc, report = validate(tmp_path, "--nproc", "2", "--tier", "fast", *TOLERANT)
     assert proc.returncode == 0, proc.stdout[-4000:]
     checks = {c["name"]: c for c in report["checks"]}

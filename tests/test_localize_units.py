@@ -139,7 +139,7 @@ def test_late_ranks_against_the_others():
     assert found["median"] == 1.025 and [s["rank"] for s in found["slow"]] == [2]
     assert found["slow"][0]["reference"] == 1.0  # the median of ranks 0, 1 and 4, not of all five
     assert late_ranks([1.0, 1.09, 1.0], 0.10)["slow"] == []
-    assert late_ranks([None, None], 0.10) == {"median": None, "slow": []}
+    assert late_ranks([None, None], 0.10) == {"median": None, "slow": [], "judged": []}
     assert late_ranks([1.0, None], 0.10)["slow"] == []  # nobody to compare with
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from stackproof import __version__, files
 from stackproof.errors import ConfigError
-from stackproof.judge import fabric, verdict
+from stackproof.judge import fabric, promise
 from stackproof.judge.findings import RESET, RMA, Finding
 
 SCHEMA = "stackproof.spec/1"
@@ -183,7 +183,7 @@ def refuse_unless_good(source: str, report: Mapping[str, Any]) -> None:
         raise ConfigError(f"{source}: field 'tables.{TABLE}': expected each GPU's facts (written by the "
                           f"{CHECK} checks of a run on GPUs), found none; fix: give reports of `stackproof validate` "
                           "on the GPUs (--tier fast is enough), not CPU runs or runs of an older stackproof")
-    verdict.require_known_good(source, report, "spec")
+    promise.require_known_good(source, report, "spec")
 
 
 def make_spec(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

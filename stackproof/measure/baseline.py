@@ -12,7 +12,7 @@ from typing import Any
 
 from stackproof import __version__, files
 from stackproof.errors import ConfigError
-from stackproof.judge import verdict
+from stackproof.judge import promise
 from stackproof.judge.baseline import (
     KEY_FIELDS,
     UNIT_BETTER,
@@ -35,7 +35,7 @@ SCHEMA = "stackproof.baseline/1"
 def read_report(path: Path) -> dict[str, Any]:
     """A known-good report.json (or the reports folder holding one); anything else is refused, exit 2."""
     report = report_module.read_report(path)
-    verdict.require_known_good(str(report_module.report_file(path)), report, "baseline")
+    promise.require_known_good(str(report_module.report_file(path)), report, "baseline")
     return report
 
 

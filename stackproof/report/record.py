@@ -22,7 +22,7 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
-from stackproof.judge import verdict as promise
+from stackproof.judge import promise
 from stackproof.judge.findings import Finding
 from stackproof.run import folders
 
@@ -154,6 +154,10 @@ class Report:
     tables: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     # nodeids pytest selected: a check among them that never reported makes the run incomplete.
     planned: list[str] = dataclasses.field(default_factory=list)
+    # nodeids this run's tier promises on this world, from the checks' declarations (judge/promise.py), before
+    # -k narrowed them; and every collected check's declaration, by nodeid.
+    promised: list[str] = dataclasses.field(default_factory=list)
+    declarations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.time)
     wall_time_s: float | None = None
     # (exit code, why) when the checks alone do not tell: a dead or hung rank, an interruption, bad input.
@@ -177,20 +181,20 @@ class Report:
         done = {c.nodeid for c in self.checks}
         return [nodeid for nodeid in self.planned if nodeid not in done]
 
-    def _outcomes(self) -> list[tuple[str, str, str]]:
-        return [(c.name, c.outcome, c.message) for c in self.checks]
+    def _outcomes(self) -> list[tuple[str, str, str, str]]:
+        return [(c.nodeid, c.name, c.outcome, c.message) for c in self.checks]
 
     def unjudged(self) -> list[str]:
-        """The checks this run's tier promises on this kind of host that it did not judge (judge/verdict.py)."""
+        """The checks this run promised that it did not judge (judge/promise.py)."""
         if not self.complete:
             return []
-        return promise.unjudged(self._outcomes(), [Check(n).name for n in self.planned], self.settings, self.world)
+        return promise.unjudged(self._outcomes(), self.promised)
 
     def left_out(self) -> list[str]:
         """The promised checks -k left out: said, not held against the run."""
         if not self.complete:
             return []
-        return promise.left_out([Check(n).name for n in self.planned], self.settings, self.world)
+        return promise.left_out(self.promised, self.planned, lambda nodeid: Check(nodeid).name)
 
     @property
     def exit_code(self) -> Exit:
@@ -220,9 +224,9 @@ class Report:
             nothing = promise.nothing_judged(self._outcomes())
             if nothing:
                 return f"no check was judged: {nothing}"
-            kind, tier = promise.host_kind(self.world), self.settings.get("tier", "full")
-            return (f"not judged: {'; '.join(self.unjudged())} (tier {tier} on a {kind.upper()} host promises "
-                    "these: docs/report-format.md)")
+            kind, tier = promise.World.from_record(self.world).kind, self.settings.get("tier", "full")
+            return (f"not judged: {'; '.join(self.unjudged())} (tier {tier} on this {kind.upper()} run promises "
+                    "these, by their declarations: docs/report-format.md)")
         return self.exit_code.meaning
 
     # Identity: which node and GPU each rank is.
@@ -291,9 +295,11 @@ class Report:
             "counts": {**self.counts(), "planned": len(self.planned), "not_run": len(self.not_run())},
             "checks": [c.to_json() for c in self.checks],
             "not_run": [Check(n).name for n in self.not_run()],
-            "promise": {"host": promise.host_kind(self.world), "tier": self.settings.get("tier"),
+            "promise": {"host": promise.World.from_record(self.world).kind, "tier": self.settings.get("tier"),
                         "not_judged": self.unjudged(), "left_out_by_selection": self.left_out()},
             "planned": self.planned,
+            "promised": self.promised,
+            "declarations": self.declarations,
             "tables": self.tables,
             "findings": [f.to_json() for f in self.findings],
             "context": self.context,
@@ -308,6 +314,11 @@ class Report:
                      wall_time_s=data.get("wall_time_s"), complete=data.get("complete", False),
                      findings=[Finding.from_json(f) for f in data.get("findings", [])])
         report.planned = data.get("planned", [])
+        report.promised, report.declarations = data.get("promised", []), data.get("declarations", {})
+        legacy_unjudged = (data.get("promise") or {}).get("not_judged")
+        if "promised" not in data and legacy_unjudged and not data.get("override"):
+            # Written before the declarations: its promise is what it said then.
+            report.override = (int(Exit.INCOMPLETE), data.get("message") or "; ".join(legacy_unjudged))
         started = data.get("started")
         if started:
             report.started = datetime.datetime.fromisoformat(started).timestamp()

@@ -10,6 +10,7 @@ import os
 
 from stackproof.errors import ConfigError
 from stackproof.files import folder_problem
+from stackproof.judge.promise import TIERS
 from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
 from stackproof.measure.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.measure.fabric import SYSFS
@@ -33,9 +34,6 @@ from stackproof.settings import (
 __all__ = ["ValidateConfig", "flag_of", "parse_bytes"]
 
 FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu", "slow-node", "slow-link")
-TIERS = ("full", "fast", "burn")
-# The pytest markers each tier runs: full runs every check but the soak; burn runs the fast tier, then the soak.
-TIER_MARKERS = {"full": None, "fast": ("fast",), "burn": ("fast", "burn")}
 # The burn-in soak's length: long enough that the judge has a ramp, first sustained seconds and a last part of
 # at least a sample each (judge/burn.py), short enough that a mistyped hour-long soak is refused, not run.
 BURN_DEFAULT_S, BURN_MIN_S, BURN_MAX_S = 60.0, 5.0, 3600.0
@@ -257,11 +255,6 @@ class ValidateConfig(Settings):
     def watchdog_s(self) -> float:
         base = self.check_timeout if self.check_timeout is not None else self.timeout + WATCHDOG_GRACE_S
         return base + (self.burn_seconds if self.tier == "burn" else 0.0)  # the soak runs inside one check
-
-    def in_tier(self, markers: set[str]) -> bool:
-        """Whether a check with these pytest markers runs in this run's tier."""
-        wanted = TIER_MARKERS[self.tier]
-        return "burn" not in markers if wanted is None else bool(markers & set(wanted))
 
     @property
     def skipped_gpu_count(self) -> int:

@@ -11,6 +11,7 @@ pytest's own terminal output goes to the rank's log; stdout carries only the con
 
 from __future__ import annotations
 
+import importlib
 import os
 import resource
 import sys
@@ -20,8 +21,8 @@ from typing import IO, Any
 
 import pytest
 
-from stackproof.errors import Exit, RankTimeout
-from stackproof.judge import consensus, exceptions
+from stackproof.errors import ConfigError, Exit, RankTimeout
+from stackproof.judge import consensus, exceptions, promise
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
 from stackproof.report.record import Figure, Report
@@ -119,10 +120,9 @@ class Recorder:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs at least one CUDA GPU (skipped on CPU with the reason)")
-    config.addinivalue_line("markers", "multi_rank: needs a world of two or more ranks")
-    config.addinivalue_line("markers", "fast: part of --tier fast (identity, health, per-GPU checks)")
-    config.addinivalue_line("markers", "burn: part of --tier burn only (the soak: every GPU loaded at once)")
+    config.addinivalue_line("markers", "check(tiers, needs, optional='', optional_on=('gpu', 'cpu')): the check's "
+                                       "declaration (stackproof/judge/promise.py): its tiers, what it needs, and "
+                                       "why a run that has that may still not judge it")
     settings = config.stash.get(SETTINGS_KEY, None) or ValidateConfig()
     config.stash[SETTINGS_KEY] = settings
     config.stash.setdefault(STDOUT_KEY, sys.stdout)
@@ -147,25 +147,70 @@ def pytest_configure(config: pytest.Config) -> None:
                                                suite_dirs=(smoke_tests_dir(),))
 
 
+def declaration(item: pytest.Item) -> promise.Declaration:
+    """The check's own declaration: a parametrization's mark, else the closest (test, then module)."""
+    callspec = getattr(item, "callspec", None)
+    marks = [m for m in getattr(callspec, "marks", ()) if m.name == "check"] or \
+        [m for m in [item.get_closest_marker("check")] if m]
+    if not marks:
+        raise ConfigError(f"{item.nodeid}: expected a declaration, found none; fix: declare the check next to its "
+                          "code, e.g. @pytest.mark.check(FULL, Needs(gpu=True)) (stackproof/judge/promise.py)")
+    try:
+        return promise.Declaration(*marks[0].args, **marks[0].kwargs)
+    except TypeError as err:
+        raise ConfigError(f"{item.nodeid}: expected a declaration check(tiers, needs, optional=...), found "
+                          f"{err}; fix: see stackproof/judge/promise.py") from None
+    except ConfigError as err:
+        raise ConfigError(f"{item.nodeid}: {err}") from None
+
+
+def has_api(dotted: str) -> bool:
+    """Whether this torch has a dotted attribute (torch.distributed.fsdp.fully_shard): import what can be."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(found, attr):
+                return False
+            found = getattr(found, attr)
+        return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k deselects: the promise is the tier's, -k only narrows the proof
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    env, settings = config.stash[DIST_KEY], config.stash[SETTINGS_KEY]
-    outside = [item for item in items if not settings.in_tier({mark.name for mark in item.iter_markers()})]
+    env, settings, report = config.stash[DIST_KEY], config.stash[SETTINGS_KEY], config.stash[REPORT_KEY]
+    world = promise.World(size=env.world_size, nodes=env.num_nodes, local_size=env.local_world_size,
+                          gpu=env.is_gpu)
+    try:
+        declared = {item.nodeid: declaration(item) for item in items}
+    except ConfigError as err:  # nothing can be promised or left out: bad input, nothing judged
+        report.override = (Exit.USAGE, str(err))
+        config.hook.pytest_deselected(items=list(items))
+        items[:] = []
+        return
+    report.declarations = {nodeid: d.to_json() for nodeid, d in declared.items()}
+    outside = [item for item in items if settings.tier not in declared[item.nodeid].tiers]
     if outside:
         items[:] = [item for item in items if item not in outside]
         config.hook.pytest_deselected(items=outside)
+    given = settings.to_json()
     for item in items:
-        if item.get_closest_marker("gpu") and not env.is_gpu:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; this run is on CPU (gloo)"))
-        if item.get_closest_marker("multi_rank") and env.world_size < 2:
-            item.add_marker(pytest.mark.skip(reason="needs 2+ ranks; this world has 1 "
-                                                    "(run through `python -m stackproof validate`)"))
+        unmet = declared[item.nodeid].needs.unmet(world, given, has_api)
+        if unmet:
+            item.add_marker(pytest.mark.skip(reason=unmet))
+    report.promised = promise.promised({item.nodeid: declared[item.nodeid] for item in items}, settings.tier,
+                                       world, given, has_api)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     report, settings = session.config.stash[REPORT_KEY], session.config.stash[SETTINGS_KEY]
     report.planned = [item.nodeid for item in session.items]
     report.context.setdefault("phases", {})["checks_started"] = time.time()
-    if not session.items:
+    if not session.items and not report.override:
         chosen = f"-k {settings.select!r}" if settings.select else f"--tier {settings.tier}"
         report.override = (Exit.USAGE, f"{chosen} selects none of the suite's checks; list them with "
                                        "`stackproof validate -- --collect-only -q`, e.g. -k collectives")
