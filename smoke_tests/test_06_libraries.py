@@ -170,7 +170,7 @@ def _gemm_case(device: torch.device, name: str, k: int) -> str:
     gave. fp8 goes through torch._scaled_mm (unit scales, bf16 out), the path fp8 training takes."""
     fp8 = name == "float8_e4m3fn"
     out_dtype = torch.bfloat16 if fp8 else torch.float32 if name == "tf32" else getattr(torch, name)
-    a, b, want = known.gemm_inputs(k, out_dtype)
+    a, b, want = known.gemm_inputs(k, out_dtype)  # shared between calls: read, never written
     if fp8:
         one = torch.ones((), device=device)
         found = torch._scaled_mm(a.to(device, torch.float8_e4m3fn), b.T.contiguous().to(device, torch.float8_e4m3fn).T,

@@ -4,6 +4,7 @@ the device from the pure recipe in stackproof/judge/known_answers.py, and the co
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.distributed as dist
@@ -71,6 +72,7 @@ def first_mismatch(found: torch.Tensor, want: torch.Tensor, ulps: int = 0) -> Mi
     return Mismatch(index, found[index].item(), want[index].item(), wrong)
 
 
+@functools.cache  # one per K class and output precision (fp8's and bf16's alike): the fast tier stays cheap
 def gemm_inputs(k: int, output_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A (GEMM_ROWS x k), B (k x GEMM_ROWS) and their exact product, float64 on the CPU: whole numbers whose every
     partial sum is exact in `output_dtype` (stackproof/judge/known_answers.py: gemm_stride)."""
