@@ -10,7 +10,8 @@
 # the image path too when ACCEPT_IMAGE names an image docker can run here. Prints a one-screen summary and exits
 # non-zero when any healthy run is not green (healthcheck exit 0, validate exit 0).
 # Env: ACCEPT_COMMIT (the commit the tree is, where no .git travels with it), ACCEPT_BURN_S (default 30),
-# ACCEPT_IMAGE, STACKPROOF_PYTHON (default python3).
+# ACCEPT_IMAGE, ACCEPT_DOCKER_ARGS (how the engine hands over the GPUs, default --gpus all), ACCEPT_IMAGE_CMD,
+# STACKPROOF_PYTHON (default python3).
 set -u
 out=$(mkdir -p "${1:-acceptance}" && cd "${1:-acceptance}" && pwd)
 py=${STACKPROOF_PYTHON:-python3}
@@ -58,8 +59,16 @@ run validate-burn 0 "$py" -m stackproof validate --tier burn --burn-seconds "${A
 # the loopback for two minutes.
 run emulated-2-nodes 0 env STACKPROOF_PYTHON="$py" scripts/emulate/nodes.sh 2 --reports "$out/emu" --sweep-max 256M
 if [ -n "${ACCEPT_IMAGE:-}" ] && command -v docker >/dev/null; then
-    run image 0 docker run --rm --gpus all --ipc=host --network host -e NCCL_NVLS_ENABLE=0 \
-        -e TORCH_SYMM_MEM_DISABLE_MULTICAST=1 -e NVSHMEM_DISABLE_NVLS=1 -v "$out/image:/reports" "$ACCEPT_IMAGE"
+    # A validation image runs its own entrypoint; any other image with python3 + torch (ACCEPT_IMAGE_CMD, e.g.
+    # "python3 -m stackproof validate --reports /reports") runs this tree's suite, mounted at /src.
+    read -r -a gpu_args <<<"${ACCEPT_DOCKER_ARGS:---gpus all}"
+    read -r -a image_cmd <<<"${ACCEPT_IMAGE_CMD:-}"
+    mount=()
+    [ ${#image_cmd[@]} -gt 0 ] && mount=(-v "$PWD:/src:ro" -w /src -e PYTHONPATH=/src)
+    mkdir -p "$out/image"
+    run image 0 docker run --rm "${gpu_args[@]}" --ipc=host --network host -e NCCL_NVLS_ENABLE=0 \
+        -e TORCH_SYMM_MEM_DISABLE_MULTICAST=1 -e NVSHMEM_DISABLE_NVLS=1 -v "$out/image:/reports" "${mount[@]}" \
+        "$ACCEPT_IMAGE" "${image_cmd[@]}"
 else
     echo "image: not run (no ACCEPT_IMAGE, or no docker on this host)" >>"$summary"
 fi

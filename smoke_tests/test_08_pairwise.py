@@ -37,13 +37,16 @@ def layout(dist_env):
 
 def _measure(dist_env, settings, rounds, me, rank_of):
     nbytes = _nbytes(settings, dist_env)
+    sweeps = pairwise.sweeps_of(dist_env.device, settings.iters)
 
-    def measure(peer):
-        return pairwise.exchange(peer, nbytes, dist_env.device, settings.warmup, settings.iters, settings.timeout,
-                                 faults.send_slow_down(settings, dist_env, peer))
+    def measure(peer, sweep):
+        return pairwise.exchange(peer, nbytes, dist_env.device, settings.warmup if sweep == 0 else 0,
+                                 settings.iters // sweeps, settings.timeout,
+                                 faults.pair_slow_down(settings, dist_env, peer))
 
     done = pairwise.run_rounds(rounds, me, rank_of, measure,
-                               lambda: dist.barrier(device_ids=[dist_env.device.index] if dist_env.is_gpu else None))
+                               lambda: dist.barrier(device_ids=[dist_env.device.index] if dist_env.is_gpu else None),
+                               sweeps)
     return [ex.__dict__ for ex in done]
 
 

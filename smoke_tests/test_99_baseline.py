@@ -8,7 +8,7 @@ import pytest
 
 from stackproof.judge import baseline as judge
 from stackproof.judge.promise import FAST, Needs
-from stackproof.measure import baseline
+from stackproof.report import baseline
 
 # Not promised: a --baseline holds only the figures it has, and none given holds none.
 pytestmark = pytest.mark.check(FAST, Needs(), optional="no --baseline given, or it holds none of this run's figures")

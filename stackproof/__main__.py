@@ -15,7 +15,13 @@ def _main() -> int:
         print(f"stackproof healthcheck: BROKEN: cannot import stackproof ({type(err).__name__}: {err}); this node "
               "was not judged and stays in service; exit 0", file=sys.stderr, flush=True)
         return 0
-    return guard(sys.argv[2:])
+    return guard(sys.argv[2:], _cli)
+
+
+def _cli(argv: list[str]) -> int:
+    from stackproof.cli import main  # inside the contract: a crash while importing it is reported, not raised
+
+    return main(argv)
 
 
 sys.exit(_main())

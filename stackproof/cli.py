@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stackproof import __version__, files
+from stackproof import __version__, files, pipes
 from stackproof.errors import HEALTHCHECK_EXIT_HELP, ConfigError, Exit, StackproofError
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV
@@ -54,7 +54,7 @@ def _verdict_parser(sub: argparse._SubParsersAction) -> None:
                    help="the launcher was interrupted by SIGNAL (SIGTERM, TERM or 15)")
 
 
-# healthcheck keeps its runs (run/folders.py): the run that drained a node outlives the hourly ones after it.
+# healthcheck keeps its runs (report/folders.py): the run that drained a node outlives the hourly ones after it.
 HEALTHCHECK_DEFAULTS = {"tier": "fast", "keep_runs": 20}
 
 
@@ -197,8 +197,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _verdict(args: argparse.Namespace) -> int:
+    from stackproof.report import folders
     from stackproof.report.attestation import read_record, record_line
-    from stackproof.run import folders, settle
+    from stackproof.run import settle
 
     reports = folders.current(args.reports)  # a folder that keeps its runs: the newest
     attested = read_record(reports)
@@ -234,7 +235,7 @@ def _act(args: argparse.Namespace) -> int:
 def _baseline(args: argparse.Namespace) -> int:
     import json
 
-    from stackproof.measure import baseline
+    from stackproof.report import baseline
 
     output = files.output_file(args.output, "baseline", "baseline.json", args.reports)
     made, said = baseline.make(args.reports)
@@ -370,6 +371,7 @@ def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    pipes.keep_exit_code()  # `stackproof ... | head -1`: the command's exit code, not a BrokenPipeError's
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()

@@ -166,3 +166,21 @@ def test_the_broken_metric_passes_promtool_lint(tmp_path):
         lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                               timeout=60)
         assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), (text, lint.stdout + lint.stderr)
+
+
+def test_a_dry_run_as_a_prolog_never_drains_through_slurms_prolog_error(tmp_path):
+    """--scheduler none drained nothing: its TAKEN_OUT ("would be taken out") is 0 for slurmd, whether the flag
+    comes as an argument or from STACKPROOF_HEALTHCHECK_ARGS (issue 33: before, 1, and a Prolog's 1 drains)."""
+    fake = tmp_path / "python86"
+    fake.write_text(f"#!/bin/sh\nexit {TAKEN_OUT}\n")
+    fake.chmod(0o755)
+    for argv, more, expected in (([], "", 1), (["--scheduler", "none"], "", 0), (["--scheduler=none"], "", 0),
+                                 ([], "--max-drained 2 --scheduler none", 0),
+                                 (["--scheduler", "slurm"], "--scheduler none", 1)):  # the last one given wins
+        proc = subprocess.run(["bash", str(HEALTHCHECK_SH), *argv], capture_output=True, text=True, timeout=60,
+                              env=_clean_env(STACKPROOF_PYTHON=str(fake), STACKPROOF_NODE_NAME="n1",
+                                             STACKPROOF_HEALTHCHECK_REPORTS=str(tmp_path / "r"),
+                                             STACKPROOF_HEALTHCHECK_ARGS=more,
+                                             STACKPROOF_HEALTHCHECK_CONF="/nonexistent"), cwd=tmp_path)
+        assert proc.returncode == expected, (argv, more, proc.stdout, proc.stderr)
+        assert ("a dry run (--scheduler none) would have taken" in proc.stdout) == (expected == 0), proc.stdout

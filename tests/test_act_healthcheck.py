@@ -78,3 +78,26 @@ def test_the_tools_own_failure_keeps_the_node_in_service(tmp_path):
     proc = _healthcheck(tmp_path, "--tier", "fast", "--expect-gpus", "0", "--reports", str(blocked / "reports"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "this node stays in service; exit 0" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_two_healthchecks_started_together_one_judges_the_other_says_a_check_is_running(tmp_path):
+    """The hourly check and a job's Prolog on one node at once (issue 33): one holds the node's reports folder for
+    the whole command and judges; the other judges nothing and drains nothing (exit 0: only a node taken out is
+    86). Before, with --keep-runs each took a lock on its own run folder only, and both ran their ranks at once."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM", "STACKPROOF_", "PET_", "CUDA_", "NVIDIA_", "PYTEST_"))
+             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    argv = [PYTHON, "-m", "stackproof", "healthcheck", "--scheduler", "none", "--node", "n2", "--reports",
+            str(tmp_path / "reports"), "--keep-runs", "5", "--expect-gpus", "0", "--nproc", "2", "--tier", "full",
+            "-k", "dev_shm", "--deadline", "300"]  # a deadline no loaded CI host misses
+    env = {**clean, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outs = [proc.communicate(timeout=240)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    judged = [out for out in outs if "validate exit 0 (every check ran and passed)" in out]
+    refused = [out for out in outs if "another healthcheck is checking this node (pid " in out]
+    assert len(judged) == 1 and len(refused) == 1, outs
+    assert "validate not run (a check is already running); this node stays in service; exit 0" in refused[0]
+    assert "stackproof validate:" not in refused[0]  # no rank of its own was started
+    assert len(list((tmp_path / "reports" / "runs").iterdir())) == 1, outs

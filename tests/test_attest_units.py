@@ -135,3 +135,45 @@ def test_an_attestation_about_another_digest_is_a_mismatch(attested):
     attested(_statement("PASSED", "2026-11-01T00:00:00+00:00", digest="sha256:" + "b" * 64))
     verdict = attest.verify_image("r/a:v1", NodeClass("none", 0), Path("k.pub"))
     assert verdict.reason.startswith("digest mismatch: an attestation on r/a@sha256:aaaa")
+
+
+def _run_in(folder: Path, image_ref: str) -> Path:
+    data = read_report(H200_RUN)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(__import__("json").dumps({**data, "settings": {
+        **(data.get("settings") or {}), "image_ref": image_ref}}))
+    return folder
+
+
+D1, D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+def test_a_result_is_never_signed_onto_an_image_the_run_did_not_run_in(tmp_path):
+    """Issue 36 item 2: the run recorded IMG1@D1; `attest --image IMG2@D2` signed D2 without a word."""
+    run = _run_in(tmp_path / "run", f"registry.example/img1@{D1}")
+    with pytest.raises(ConfigError) as err:
+        attest.attest(run, f"registry.example/img2@{D2}", tmp_path / "cosign.key")
+    said = str(err.value)
+    assert err.value.exit_code == 2 and "\n" not in said, said
+    assert f"expected the digest the run ran in ({D1}" in said and f"found {D2}" in said and "fix: " in said
+
+
+def test_a_failed_attest_leaves_the_last_signed_predicate_in_place(tmp_path, monkeypatch):
+    """Issue 36 item 8: a failed attest rewrote attestation.predicate.json before signing, and it no longer
+    matched attestation.json. cosign here is a program on PATH that fails to sign, as with a wrong password."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "cosign"
+    fake.write_text(f"""#!/bin/sh
+[ "$1" = version ] && {{ echo '{{"gitVersion": "v{cosign.COSIGN_VERSION}"}}'; exit 0; }}
+echo "Error: signing: decrypt: encrypted: decryption failed" >&2; exit 1
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    run = _run_in(tmp_path / "run", f"registry.example/img1@{D1}")
+    signed = run / attest.PREDICATE_FILE
+    signed.write_text('{"the": "predicate of the attest that succeeded"}\n')
+    with pytest.raises(cosign.CosignError):
+        attest.attest(run, None, tmp_path / "cosign.key")
+    assert signed.read_text() == '{"the": "predicate of the attest that succeeded"}\n'
+    assert sorted(p.name for p in run.iterdir()) == sorted(["report.json", attest.PREDICATE_FILE])

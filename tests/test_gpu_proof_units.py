@@ -237,8 +237,20 @@ def test_digests_compare_only_within_a_model_and_say_what_was_expected():
                {"model": "H100 (132 SMs)", "digest": "e1", "exact": True},
                {"model": "H100 (132 SMs)", "digest": "e1", "exact": True}]
     verdict = per_gpu.odd_ones_out_by_model(entries)
-    assert verdict["odd"] == [{"rank": 1, "found": "d2", "expected": "d1"}]
+    assert verdict["odd"] == [{"rank": 1, "found": "d2", "expected": "d1", "severity": "isolate"}]
     assert verdict["reference"] == {"H200 (132 SMs)": "d1", "H100 (132 SMs)": "e1"}
+
+
+def test_a_two_gpu_digest_tie_isolates_neither_gpu_and_still_drains_the_node():
+    """1 against 1 (issue 33): one of the two computes wrong and nothing tells which; before, both GPUs were
+    failed as isolate (a GPU to take out) for one GPU's fault."""
+    from stackproof.act import policy
+    from stackproof.judge.findings import Finding
+
+    tie = per_gpu.odd_ones_out_by_model([{"model": "H200", "digest": d, "exact": True} for d in ("d1", "d2")])
+    assert [(o["rank"], o["expected"], o["severity"]) for o in tie["odd"]] == [(0, None, "triage"), (1, None, "triage")]
+    finding = Finding(0, "GPU-0", "per_gpu::sdc_digest", "x", "y", "gpu-hardware", tie["odd"][0]["severity"], "z")
+    assert policy.of(finding) == policy.DRAIN  # the node still comes out: one of its GPUs computes wrong
 
 
 def test_gemm_median_is_per_model():

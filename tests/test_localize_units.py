@@ -157,23 +157,25 @@ def _env(node_rank, local_rank, local_world_size=2, num_nodes=3):
 
 def test_slow_node_reaches_every_rank_of_the_fault_ranks_node():
     settings = ValidateConfig(inject_fault="slow-node", fault_rank=3)  # node 1 of 2-rank nodes
-    assert faults.send_slow_down(settings, _env(1, 0), peer=0) == faults.SLOW_DOWN
-    assert faults.send_slow_down(settings, _env(1, 1), peer=5) == faults.SLOW_DOWN
-    assert faults.send_slow_down(settings, _env(0, 0), peer=2) == 0.0
+    assert faults.pair_slow_down(settings, _env(1, 0), peer=0) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(settings, _env(1, 1), peer=5) == faults.SLOW_DOWN
+    # Both ends of a slowed pair repeat the same transfers (issue 36 item 15): the peer's end too.
+    assert faults.pair_slow_down(settings, _env(0, 0), peer=2) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(settings, _env(0, 0), peer=4) == 0
     assert faults.work_slow_down(settings, _env(1, 1)) == faults.SLOW_DOWN
     assert faults.work_slow_down(settings, _env(2, 0)) == 0.0
 
 
 def test_slow_link_reaches_only_the_link_to_the_next_node():
     settings = ValidateConfig(inject_fault="slow-link", fault_rank=2)  # node 1 -> the link n1 <-> n2 (0-based)
-    assert faults.send_slow_down(settings, _env(1, 0), peer=4) == faults.SLOW_DOWN
-    assert faults.send_slow_down(settings, _env(2, 1), peer=3) == faults.SLOW_DOWN
-    assert faults.send_slow_down(settings, _env(1, 0), peer=0) == 0.0  # node 1 <-> node 0: fine
-    assert faults.send_slow_down(settings, _env(1, 0), peer=3) == 0.0  # inside node 1: fine
+    assert faults.pair_slow_down(settings, _env(1, 0), peer=4) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(settings, _env(2, 1), peer=3) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(settings, _env(1, 0), peer=0) == 0  # node 1 <-> node 0: fine
+    assert faults.pair_slow_down(settings, _env(1, 0), peer=3) == 0  # inside node 1: fine
     assert faults.work_slow_down(settings, _env(1, 0)) == 0.0
     one_node = ValidateConfig(inject_fault="slow-link", fault_rank=1)
-    assert faults.send_slow_down(one_node, _env(0, 1, 4, 1), peer=2) == faults.SLOW_DOWN
-    assert faults.send_slow_down(one_node, _env(0, 1, 4, 1), peer=0) == 0.0
+    assert faults.pair_slow_down(one_node, _env(0, 1, 4, 1), peer=2) == faults.SLOW_DOWN
+    assert faults.pair_slow_down(one_node, _env(0, 1, 4, 1), peer=0) == 0
 
 
 def test_new_flags_reach_every_rank_and_the_fault_semantics_are_in_help():
@@ -187,7 +189,8 @@ def test_new_flags_reach_every_rank_and_the_fault_semantics_are_in_help():
     ValidateConfig.add_arguments(parser)
     assert ValidateConfig.from_args(parser.parse_args(argv)) == settings
     text = " ".join(parser.format_help().split())
-    assert "slow-node: every rank on the fault rank's node" in text and "slow-link: only sends between" in text
+    assert "slow-node: every pair with a rank on the fault rank's node" in text
+    assert "slow-link: only pairs between" in text
     with pytest.raises(Exception, match="--pair-tolerance"):
         ValidateConfig(pair_tolerance=1.5)
 
@@ -202,3 +205,31 @@ def test_second_pass_retests_suspects_and_slow_links():
 def test_a_slow_pair_fine_on_its_retest_is_not_named():
     assert pairwise.localize(_three(10.0, 10.0, 1.0), {(1, 2): 9.0}, 7.5)["links"] == []
     assert pairwise.localize(_three(10.0, 10.0, 1.0), {(1, 2): 1.2}, 7.5)["links"] == [(1, 2)]
+
+
+def test_cpu_pairs_are_measured_across_the_whole_pass_and_read_by_their_fastest_exchange():
+    """Issue 36 item 15: each pair's exchanges in one block let a burst of background load land on one pair only
+    (a clean pair read 6x slower than a 10x-slowed one measured calm). On CPU ranks every
+    sweep meets every peer, and a pair is its fastest exchange; a peer that never answered is not waited for
+    again."""
+    import torch
+
+    rounds = pairwise.round_robin(4)
+    calls, barriers = [], []
+
+    def measure(peer, sweep):
+        calls.append((sweep, peer))
+        silent = peer == 3
+        return pairwise.Exchange(peer, None if silent else 1.0 + sweep % 3, "TimeoutError" if silent else "",
+                                 tcp_sent=10, tcp_retransmitted=1)
+
+    sweeps = pairwise.sweeps_of(torch.device("cpu"), 20)
+    assert (sweeps, pairwise.sweeps_of(torch.device("cuda", 0), 20), pairwise.sweeps_of(torch.device("cpu"), 1)) \
+        == (pairwise.CPU_SWEEPS, 1, 1)
+    done = pairwise.run_rounds(rounds, 0, lambda member: member, measure, lambda: barriers.append(1), sweeps)
+    assert [sweep for sweep, _ in calls] == sorted(sweep for sweep, _ in calls)  # sweep by sweep, interleaved
+    assert [peer for sweep, peer in calls if sweep == 0] == [ex.peer for ex in done]
+    assert [peer for sweep, peer in calls].count(3) == 1  # silent: not waited for in the later sweeps
+    assert {ex.peer: ex.seconds for ex in done} == {1: 1.0, 2: 1.0, 3: None}
+    assert {ex.peer: ex.tcp_sent for ex in done} == {1: 10 * sweeps, 2: 10 * sweeps, 3: 10}
+    assert len(barriers) == 1 + sweeps * len(rounds)

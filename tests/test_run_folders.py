@@ -1,4 +1,4 @@
-"""Each run in its own folder (--keep-runs, run/folders.py; issue 25 item 6): the links, the retention, a run
+"""Each run in its own folder (--keep-runs, report/folders.py; issue 25 item 6): the links, the retention, a run
 still going never removed, and real runs: validate three times keeps the newest two; healthcheck's drained run
 stays under `last-acted` while later passing runs come and go."""
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from stackproof.errors import ConfigError, Healthcheck
-from stackproof.run import folders, settle
+from stackproof.report import folders
+from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +64,25 @@ def test_prepare_makes_the_runs_folder_and_the_claim_names_it(tmp_path):
     plain = settle.prepare(tmp_path / "plain")
     plain.release()
     assert plain.folder == tmp_path / "plain"  # --keep-runs 0: the folder itself, as before
+
+
+def test_a_run_written_into_a_folder_that_kept_runs_is_what_readers_read(tmp_path):
+    """Issue 36 item 3: after `validate --reports DIR` into a folder a healthcheck used, verdict, act and report
+    followed the old `latest` to the healthcheck's failed run."""
+    from stackproof.report.record import Check, Report, read_report
+
+    kept = settle.prepare(tmp_path, keep_runs=3)
+    Report(checks=[Check("t.py::old", "failed")], complete=True).write(kept.folder)
+    kept.release()
+    plain = settle.prepare(tmp_path)
+    Report(checks=[Check("t.py::new", "passed")], complete=True).write(plain.folder)
+    plain.release()
+    assert folders.current(tmp_path) == tmp_path.resolve()
+    assert [c["name"] for c in read_report(tmp_path)["checks"]] == ["t::new"]
+    again = settle.prepare(tmp_path, keep_runs=3)  # a healthcheck after it: latest is its run again
+    again.release()
+    assert folders.current(tmp_path) == again.folder.resolve()
+    assert len(list((tmp_path / folders.RUNS).iterdir())) == 2
 
 
 def test_keep_runs_is_one_node_only():

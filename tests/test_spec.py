@@ -201,6 +201,9 @@ JUNK = [  # (what is changed, its value, the field named, what is expected)
     ("entries.0.expect.power_limit_w", 0, "entries[0].expect.power_limit_w", "a number of watts > 0"),
     ("entries.0.expect.gpu_model", " ", "entries[0].expect.gpu_model", "a non-empty string or null"),
     ("entries.0.expect.driver_version", 580, "entries[0].expect.driver_version", "a non-empty string or null"),
+    ("entries.0.expect.fabric_ports_up", "8", "entries[0].expect.fabric_ports_up", "a whole number >= 0 or null"),
+    ("entries.0.expect.fabric_port_rate_gbps", "400 Gb/sec", "entries[0].expect.fabric_port_rate_gbps",
+     "a number of Gb/s > 0 or null"),
     ("entries.0.expect", {}, "entries[0].expect", "at least one field that is not null"),
     ("entries.0.expect", dict.fromkeys(spec.FIELDS), "entries[0].expect", "at least one field that is not null"),
     ("entries.0.key.gpu", "", "entries[0].key", "an object with gpu (a model)"),
@@ -221,6 +224,18 @@ def test_a_spec_of_the_wrong_types_or_values_is_refused_naming_the_field(tmp_pat
     path.write_text(json.dumps(broken))
     said = spec.problem(str(path))
     assert said and f"field '{field}': expected {expected}" in said and "fix: " in said, said
+
+
+def test_a_spec_made_from_a_node_with_rdma_ports_is_read_back(tmp_path, good):
+    """Issue 36 item 1: `spec` wrote fabric_ports_up 8 and fabric_port_rate_gbps 400.0, and `validate --spec`
+    refused its own output (a text was expected)."""
+    for row in good["tables"][spec.TABLE]:
+        row.update(fabric_ports_up=8, fabric_port_rate_gbps=400.0, fabric_link_layer="InfiniBand")
+    made = spec.make_spec({"good": good})
+    assert made["entries"][0]["expect"]["fabric_ports_up"] == 8
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(made))
+    assert spec.problem(str(path)) is None
 
 
 def test_a_spec_with_nan_or_a_duplicate_entry_is_refused(tmp_path, made):

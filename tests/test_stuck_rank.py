@@ -133,3 +133,52 @@ def test_a_stalled_survey_ends_the_run_with_a_finding_not_a_hang(tmp_path):
     (finding,) = json.loads((tmp_path / "report.json").read_text())["findings"]
     assert (finding["check"], finding["category"]) == ("NVML answers", "gpu-hardware")
     assert "NVML did not answer within 10 s" in out.getvalue()
+
+
+def test_a_rank_the_kernel_could_not_kill_after_rank_0s_verdict_turns_the_run_red_and_drains(tmp_path):
+    """Rank 0 wrote a passing verdict, then a rank could not be stopped (NCCL's teardown stuck after an XID 79):
+    the launcher's finding is the run's, so the settled run fails (before issue 33: exit 0, the node passed)."""
+    from stackproof.act import decide
+    from stackproof.errors import Exit
+    from stackproof.report.record import Report
+    from stackproof.run import settle
+    from stackproof.run.config import ValidateConfig
+
+    node = "gpu-node-7"
+    passed = Report(complete=True, settings={"select": "test_x"}, planned=["test_01_host.py::test_x"],
+                    ranks=[{"rank": 0, "node": node, "host": "h", "node_rank": 0, "local_rank": 0, "gpu": None}],
+                    world={"size": 1, "nodes": 1, "backend": "gloo", "local_world_size": 1})
+    passed.check("test_01_host.py::test_x").outcome = "passed"
+    assert passed.exit_code == Exit.OK
+    passed.write(tmp_path)
+    gpus = [topology.Gpu(0, "NVIDIA H200", "GPU-0", 1 << 30, pci_bus_id="00000000:10:00.0")]
+    found = launcher._unkillable(ValidateConfig(reports=str(tmp_path), node_name=node),
+                                 [{"rank": 0, "pid": 4242, "state": "D", "wchan": "os_wait"}],
+                                 topology.Inventory("580.159.04", "13.0", gpus))
+    settled = settle.settle(tmp_path, launcher_exit=0, findings=found)
+    assert settled.exit_code == Exit.FAILED and "the run found: " in settled.message, settled.message
+    assert Report.load(tmp_path).exit_code == Exit.FAILED  # as written, for `stackproof act` later
+    decision = decide.decide(settled)
+    assert [(a.node, a.action) for a in decision.actions] == [(node, policy.DRAIN)], decision
+
+
+def test_torchruns_agent_the_kernel_cannot_kill_is_kept_as_a_finding(held_file, short_grace, tmp_path):
+    """The multi-node path (torchrun's agent): --run-timeout stops it, and an agent SIGKILL cannot end (it holds a
+    file on the mount that never answers) is the run's finding, as on the single-node path (before issue 33,
+    _kill's record was dropped)."""
+    from stackproof.run.config import ValidateConfig
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\n_held = open(os.environ['HOLD_FILE'])\n")
+    settings = ValidateConfig(reports=str(tmp_path / "r"), run_timeout=2, timeout=2, node_name="n5")
+    env = {**os.environ, "HOLD_FILE": str(held_file),
+           "PYTHONPATH": f"{site}:{Path(__file__).resolve().parents[1]}"}
+    started = time.monotonic()
+    rc, interrupted, timed_out, stuck = launcher._torchrun(settings, 1, env)
+    assert (rc, interrupted, timed_out) == (-1, None, True)
+    assert time.monotonic() - started < 2 + 0.3 + 0.5 + 2
+    (agent,) = stuck
+    assert agent["state"] == "D", agent
+    (finding,) = launcher._unkillable(settings, stuck, None)
+    assert (finding.node, finding.category, policy.of(finding)) == ("n5", "gpu-hardware", policy.DRAIN)

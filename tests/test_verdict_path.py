@@ -18,8 +18,8 @@ from stackproof.act import decide, policy
 from stackproof.errors import ConfigError, Healthcheck
 from stackproof.judge import exceptions, health
 from stackproof.judge.findings import Finding
+from stackproof.report import folders
 from stackproof.report.record import Check, Report, read_report
-from stackproof.run import folders
 
 REPO = Path(__file__).resolve().parents[1]
 TAKEN_OUT = int(Healthcheck.TAKEN_OUT)
@@ -97,11 +97,17 @@ def test_the_strongest_action_wins_not_the_strongest_severity():
     ("OutOfMemoryError", "CUDA out of memory. Tried to allocate 80.00 GiB", "configuration"),
     ("AcceleratorError", "CUDA error: no kernel image is available for execution on the device", "software-pins"),
     ("AcceleratorError", "CUDA error: uncorrectable ECC error encountered", "gpu-hardware"),
+    # issue 33: CUDA's and NCCL's own words for a hardware fault drain (before: tool errors, an alert)
+    ("AcceleratorError", "CUDA error: uncorrectable NVLink error was detected during the execution", "interconnect"),
+    ("AcceleratorError", "CUDA error: hardware stack error", "gpu-hardware"),
+    ("AcceleratorError", "CUDA error: an illegal instruction was encountered", "gpu-hardware"),
+    ("DistBackendError", "NCCL error in: ProcessGroupNCCL.cpp:1935, unhandled cuda error (run with "
+                         "NCCL_DEBUG=INFO for details), NCCL version 2.28.9", "gpu-hardware"),
 ])
 def test_an_exception_takes_the_class_its_own_words_give_never_the_checks(type_name, message, category):
     assert exceptions.finding("per_gpu::gemm", type_name, message, "x.py:1").category == category
     drains = policy.of(exceptions.finding("c", type_name, message)) == policy.DRAIN
-    assert drains == (category == "gpu-hardware")
+    assert drains == (category in ("gpu-hardware", "interconnect"))
 
 
 def _healthcheck(tmp_path: Path, *args: str, reports: Path | None = None, **env: str) -> subprocess.CompletedProcess:

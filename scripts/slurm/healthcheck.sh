@@ -13,9 +13,10 @@
 #
 # The scheduler's contract: `stackproof healthcheck` exits TAKEN_OUT (86, stackproof/errors.py's Healthcheck: a
 # code no crash gives) only when this node is taken out of service (drained now, or it would have been with
-# --scheduler none); this script turns that, and only that, into 1 for slurmd. Everything else exits 0 with the
-# reason in the log: a pass, an alert, a drain the circuit breaker withheld, bad input, the tool's own failure
-# (no python, stackproof not importable, a missing dependency, a crash: a BROKEN line, and
+# --scheduler none); this script turns that, and only that, into 1 for slurmd, except for a dry run (--scheduler
+# none given here: it drained nothing, and a Prolog's 1 would make Slurm drain the node itself). Everything else
+# exits 0 with the reason in the log: a pass, an alert, a drain the circuit breaker withheld, bad input, the
+# tool's own failure (no python, stackproof not importable, a missing dependency, a crash: a BROKEN line, and
 # stackproof_healthcheck_broken 1 in <reports>/stackproof-healthcheck.prom for node_exporter). In a Prolog, 1
 # keeps the job off this node (a batch job is requeued elsewhere; SchedulerParameters=nohold_on_prolog_fail
 # keeps it from being held).
@@ -58,7 +59,21 @@ args=(--scheduler slurm --node "$node" --tier fast --reports "$reports"
 "$PYTHON" -m stackproof healthcheck "${args[@]}" "$@" 2>&1 | tee -a "$reports/healthcheck.log"
 rc="${PIPESTATUS[0]}"
 TAKEN_OUT=86  # stackproof/errors.py Healthcheck.TAKEN_OUT (tests/test_act_contract.py holds the two equal)
-if [ "$rc" = "$TAKEN_OUT" ]; then
+# The scheduler this run was given (the last --scheduler wins, as in argparse): a dry run (none) drained nothing,
+# and its "would be taken out" must not become slurmd's failure: in a Prolog that drains the node ("Prolog error").
+scheduler=""
+prev=""
+for arg in "${args[@]}" "$@"; do
+    case "$arg" in --scheduler=*) scheduler="${arg#--scheduler=}" ;; esac
+    [ "$prev" != "--scheduler" ] || scheduler="$arg"
+    prev="$arg"
+done
+if [ "$rc" = "$TAKEN_OUT" ] && [ "$scheduler" = none ]; then
+    out=0
+    echo "# stackproof healthcheck: a dry run (--scheduler none) would have taken this node out of service;" \
+         "exit 0, so that slurmd does not take it out itself (a Prolog's failure drains)" |
+        tee -a "$reports/healthcheck.log"
+elif [ "$rc" = "$TAKEN_OUT" ]; then
     out=1
 else
     out=0

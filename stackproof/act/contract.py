@@ -62,22 +62,27 @@ def write_metric(folder: Path | None, broken: bool, reason: str = "") -> str:
 
 
 def _textfile_folder(root: Path) -> Path:
-    """Beside the newest run's stackproof.prom (`latest`, run/folders.py, where node_exporter reads), else root."""
+    """Beside the newest run's stackproof.prom (`latest`, report/folders.py, where node_exporter reads), else root."""
     try:
-        from stackproof.run import folders
+        from stackproof.report import folders
     except Exception:  # a broken install: the reports folder itself
         return root
     return folders.current(root)
 
 
-def guard(argv: Sequence[str], main: Callable[[Sequence[str]], int] | None = None,
-          out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """Run `stackproof healthcheck ARGV` (through `main`, default the CLI's, imported here) and keep the contract."""
+def guard(argv: Sequence[str], main: Callable[[Sequence[str]], int], out: IO[str] | None = None,
+          err: IO[str] | None = None) -> int:
+    """Run `stackproof healthcheck ARGV` through `main` (the CLI's, which `python -m stackproof` imports inside
+    it: an import that crashes is the contract's to report too) and keep the contract."""
+    try:
+        from stackproof.pipes import keep_exit_code
+
+        keep_exit_code()  # `healthcheck | head -1`: a reader that left is no broken install
+    except Exception:  # a half-copied install: the contract holds without it
+        pass
     out, err = out or sys.stdout, err or sys.stderr
     folder = reports_folder(argv)
     try:
-        if main is None:
-            from stackproof.cli import main
         code = main(["healthcheck", *argv])
     except SystemExit as stop:  # argparse: --help (0), a bad flag (2, its line already printed)
         if stop.code in (0, None):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from stackproof.measure.topology import SURVEY_DEADLINE_S
+
 
 @dataclasses.dataclass(frozen=True)
 class GpuUse:
@@ -13,10 +15,34 @@ class GpuUse:
     pids: tuple[int, ...]  # processes computing or drawing on it (a job's), as NVML lists them
 
 
-def gpu_use() -> list[GpuUse]:
+def gpu_use(deadline_s: float = SURVEY_DEADLINE_S) -> list[GpuUse]:
     """Every GPU NVML sees and who uses it. NvmlUnavailable when NVML cannot answer (no driver, no nvidia-ml-py,
-    an error mid-way): then nothing can be skipped, and the caller says so (--skip-busy-gpus promises to name
+    an error mid-way, no answer within `deadline_s`: NVML is asked from a thread of its own, left behind when it
+    hangs in the driver): then nothing can be skipped, and the caller says so (--skip-busy-gpus promises to name
     what it skips: skipping nothing without a word would look like every GPU was idle)."""
+    import threading
+
+    from stackproof.measure.topology import NvmlUnavailable
+
+    answers: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            answers["use"] = _gpu_use()
+        except BaseException as err:  # raised where the caller waits, not lost in the thread
+            answers["error"] = err
+
+    worker = threading.Thread(target=ask, name="nvml-gpu-use", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        raise NvmlUnavailable(f"NVML did not answer within {deadline_s:g} s (listing the GPUs' processes)")
+    if "error" in answers:
+        raise answers["error"]  # type: ignore[misc]
+    return answers["use"]  # type: ignore[return-value]
+
+
+def _gpu_use() -> list[GpuUse]:
     from stackproof.measure.topology import NvmlUnavailable, nvml_session
 
     try:

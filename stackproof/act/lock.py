@@ -1,6 +1,7 @@
 """The circuit breaker's lock on Slurm: one node at a time counts the drained nodes and drains itself. An flock
 on a file every node of the pool sees (--breaker-lock: NFS with its lock service, Lustre, GPFS, CephFS), waited
-for at most a timeout. The kernel (or the NFS lock service) drops it when the process ends, however it ends."""
+for at most a timeout. The kernel (or the NFS lock service) drops it when the process ends, however it ends.
+And healthcheck's claim on its node's reports folder (only_one): one healthcheck at a time judges a node."""
 
 from __future__ import annotations
 
@@ -53,5 +54,42 @@ def held(path: Path | None, timeout_s: float) -> Iterator[float]:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}\n".encode(), 0)
         yield waited
+    finally:
+        os.close(fd)
+
+
+HEALTHCHECK_LOCK = ".stackproof-healthcheck.lock"  # in the reports folder; run/settle.py's run lock is another file
+
+
+@contextlib.contextmanager
+def only_one(reports_dir: Path) -> Iterator[str]:
+    """One healthcheck at a time on a reports folder (a node's), for the whole command: its survey, its ranks and
+    its act. Yields "" when this command holds it, or who holds it (their words) when another healthcheck does,
+    without waiting: that one is judging the node. A folder that cannot carry the lock (not there and not
+    makeable, a filesystem without flock) yields "" too: the run then meets the folder's problem and says it."""
+    try:
+        reports_dir.mkdir(parents=True, exist_ok=True)
+        path = reports_dir / HEALTHCHECK_LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+        except PermissionError:  # left by another uid, or a read-only folder: flock needs no write
+            fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        yield ""
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield os.pread(fd, 4096, 0).decode(errors="replace").strip() or f"{path} is held"
+            return
+        except OSError:
+            yield ""
+            return
+        with contextlib.suppress(OSError):  # who holds it, for the healthcheck that finds it held (best effort)
+            now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}".encode(), 0)
+        yield ""
     finally:
         os.close(fd)

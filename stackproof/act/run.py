@@ -18,10 +18,12 @@ from stackproof.act import breaker, deadline, decide, hardware, kubernetes, poli
 from stackproof.act import lock as breaker_lock
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit, Healthcheck
+from stackproof.measure import watermark
 from stackproof.measure.identity import node_name
-from stackproof.measure.topology import NvmlUnavailable, nvidia_gpus_on_bus
+from stackproof.measure.topology import SURVEY_DEADLINE_S, NvmlUnavailable, nvidia_gpus_on_bus
+from stackproof.report import folders
 from stackproof.report.record import Report
-from stackproof.run import folders, settle
+from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
 from stackproof.tools import run_tool
 
@@ -53,8 +55,8 @@ def act(decision: decide.Decision, settings: ActConfig, out: IO[str], clock: dea
     is moved to the run when a drain was done or withheld). (the decision as done, the failures)."""
     scheduler = SCHEDULERS.get(settings.scheduler or "")
     say = _say(out)
-    if clock is not None:  # healthcheck: every scheduler call within what is left of its --deadline
-        settings = dataclasses.replace(settings, act_timeout=max(0.1, clock.call_timeout(settings.act_timeout)))
+    if clock is not None:  # healthcheck: every scheduler call within what is left of its --deadline when it starts
+        settings = _Timed(settings, clock)  # type: ignore[assignment]
     failures: list[str] = []
     lock = Path(settings.breaker_lock) if scheduler is slurm and decision.drains and settings.breaker_lock else None
     try:
@@ -73,6 +75,21 @@ def act(decision: decide.Decision, settings: ActConfig, out: IO[str], clock: dea
         folders.link(evidence, folders.LAST_ACTED, run)
         say(f"evidence: {evidence / folders.LAST_ACTED} -> {run}")
     return decision, failures
+
+
+class _Timed:
+    """The settings, with --act-timeout read at each call: what is left of the deadline when that call starts, if
+    less (so the calls together, the re-count's wait included, end within the deadline)."""
+
+    def __init__(self, settings: ActConfig, clock: deadline.Deadline):
+        self._settings, self.clock = settings, clock
+
+    def __getattr__(self, name: str):
+        return getattr(self._settings, name)
+
+    @property
+    def act_timeout(self) -> float:
+        return max(0.1, self.clock.call_timeout(self._settings.act_timeout))
 
 
 def _act_within_breaker(decision: decide.Decision, settings: ActConfig, scheduler, say,
@@ -177,7 +194,8 @@ def _claim(node: str, fleet: breaker.Fleet, settings: ActConfig, say) -> tuple[b
 def _recount(decision: decide.Decision, settings: ActConfig, say, failures: list[str]) -> decide.Decision:
     """Slurm, after draining: count again once slurmctld's stamp of these drains is a second old (so every drain
     stamped with or before them is seen), in slurmctld's order; a drain past --max-drained is undone."""
-    time.sleep(RECOUNT_SETTLE_S)
+    clock = getattr(settings, "clock", None)
+    time.sleep(RECOUNT_SETTLE_S if clock is None else clock.call_timeout(RECOUNT_SETTLE_S))
     drained = {a.node for a in decision.drains}
     try:
         fleet = _count(settings, slurm, drained)
@@ -271,18 +289,29 @@ def plan(validate_settings: ValidateConfig, settings: ActConfig, env: dict[str, 
 def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[str]) -> int:
     """Validate this node, then act on what the run found. The scheduler's contract: exit TAKEN_OUT only when this
     node is taken out of service (drained / tainted, or would be with --scheduler none); every other outcome (a pass,
-    an alert, a withheld drain, a tool error, bad input) exits 0 with the reason on `out`."""
-    from stackproof.run.launcher import launch
-
-    clock = deadline.Deadline.start(settings.deadline)
+    an alert, a withheld drain, a tool error, bad input, another healthcheck already checking this node) exits 0
+    with the reason on `out`. The whole command holds the reports folder (act/lock.py's only_one): two healthchecks
+    on one node (the hourly check and a job's Prolog) would each see the other's ranks on the GPUs."""
+    clock = deadline.Deadline.start(settings.deadline)  # every blocking call below takes at most what it leaves
     say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
     forgot = as_launcher()
     if forgot:
         say(f"runs as this node's launcher, not as a rank: ignoring {', '.join(forgot)}")
+    with breaker_lock.only_one(validate_settings.reports_dir) as holder:
+        if holder:
+            say(f"another healthcheck is checking this node ({holder}): this one judges nothing and acts on nothing")
+            return _contract("validate not run (a check is already running)", None, out)
+        return _healthcheck(validate_settings, settings, out, clock, say)
+
+
+def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[str], clock: deadline.Deadline,
+                 say) -> int:
+    from stackproof.run.launcher import launch
+
     use: list[hardware.GpuUse] | str | None = None
     if settings.skip_busy_gpus:
         try:
-            use = hardware.gpu_use() or "NVML cannot answer"
+            use = hardware.gpu_use(clock.call_timeout(SURVEY_DEADLINE_S)) or "NVML cannot answer"
         except NvmlUnavailable as err:
             use = str(err)
     the_plan = plan(validate_settings, settings, os.environ, nvidia_gpus_on_bus(validate_settings.pci_devices), use)
@@ -291,16 +320,30 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
     if the_plan.nothing_to_check:
         return _contract("validate not run", None, out)
     run_settings = _writable_reports(deadline.fit(the_plan.validate, settings), say)
+    looks = watermark.snapshot(run_settings.health_state_dir, the_plan.node)  # the evidence's last looks
     started = time.time()
-    try:
-        record = launch(run_settings)
+    try:  # the ranks end in time to be stopped, and act keeps its budget after them
+        record = launch(run_settings, clock.before(deadline.STOP_S + settings.act_budget))
     except ConfigError as err:
         return bad_input(err, out)
     outcome = f"validate exit {int(record.exit_code)} ({record.exit_code.meaning})"
     decision = decide.decide(record, not_before=started, max_nodes=settings.max_nodes, node=the_plan.node)
-    kept = run_settings.reports_dir if run_settings.keep_runs else None  # its last-acted link (run/folders.py)
+    kept = run_settings.reports_dir if run_settings.keep_runs else None  # its last-acted link (report/folders.py)
     done, _failures = act(decision, settings, out, clock, evidence=kept)
+    keep_evidence(done, looks, run_settings.health_state_dir, the_plan.node, say)
     return _contract(outcome, done, out, dry_run=settings.scheduler not in SCHEDULERS)
+
+
+def keep_evidence(done: decide.Decision, looks: dict[Path, bytes], state_dir: Path, node: str, say) -> None:
+    """A drain the policy asked for and that was withheld (the circuit breaker, --max-nodes), or a run acted on for
+    nothing: the GPUs' last looks go back to before this run (measure/watermark.py), so the next run judges the
+    same XIDs and counter growth again instead of starting after them."""
+    held = [a for a in done.actions if a.held]
+    if not held and not done.withheld:
+        return
+    problem = watermark.restore(looks, state_dir, node)
+    said = f"could not be kept ({problem})" if problem else "kept for the next run (the last looks rewound)"
+    say(f"evidence since the last look {said}: {'the drain was withheld' if held else 'nothing was acted on'}")
 
 
 def _writable_reports(validate_settings: ValidateConfig, say) -> ValidateConfig:

@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -133,10 +134,10 @@ def attest(reports: Path, image_ref: str | None, key: Path, spec: str | None = N
            password: str | None = None) -> dict[str, Any]:
     """Sign the run of `reports` as a test result on its image digest and attach it; the record written beside
     report.json (RECORD_FILE) is returned."""
-    cosign.require_pinned_version()
     data = read_report(reports)
     folder = reports if reports.is_dir() else reports.parent
-    ref = image_ref or (data.get("settings") or {}).get("image_ref")
+    ran_in = (data.get("settings") or {}).get("image_ref")
+    ref = image_ref or ran_in
     if not ref:
         raise ConfigError(f"{folder}: expected the image digest the run ran in (the run's --image-ref, which make "
                           "test-gpu sets from the image's RepoDigest), found none; fix: pass --image "
@@ -146,10 +147,24 @@ def attest(reports: Path, image_ref: str | None, key: Path, spec: str | None = N
     except (ShipError, DigestMismatch) as err:
         raise ConfigError(f"--image {ref}: expected an image digest the registry holds, found: {err}; fix: push the "
                           "image first (make push), or give its REPO@sha256:... from make push") from None
+    recorded = _split(ran_in)[2] if ran_in else None
+    if recorded and image.digest != recorded:  # a result is about the image it ran in, never another
+        raise ConfigError(f"--image {ref}: expected the digest the run ran in ({recorded}, its --image-ref "
+                          f"{ran_in}), found {image.digest}; fix: attest the image the run ran in (--image {ran_in}), "
+                          "or validate this image and attest that run")
+    cosign.require_pinned_version()
     now = datetime.datetime.now(datetime.timezone.utc)
     made, node = predicate(data, image, now, spec, baseline)
-    (folder / PREDICATE_FILE).write_text(json.dumps(made, indent=2) + "\n")
-    cosign.attest(image.pinned, folder / PREDICATE_FILE, PREDICATE_TYPE, key, password)
+    # Signed first, then in place: a failed attest leaves the predicate of the last one that succeeded, which
+    # the record beside it describes.
+    signing = folder / f".{PREDICATE_FILE}.signing"
+    signing.write_text(json.dumps(made, indent=2) + "\n")
+    try:
+        cosign.attest(image.pinned, signing, PREDICATE_TYPE, key, password)
+    except BaseException:
+        signing.unlink(missing_ok=True)
+        raise
+    os.replace(signing, folder / PREDICATE_FILE)
     record = {"reference": image.pinned, "predicate_type": PREDICATE_TYPE, "result": made["result"],
               "node_class": node.text(), "attested": now.isoformat(timespec="seconds"),
               "predicate": PREDICATE_FILE}

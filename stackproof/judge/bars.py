@@ -6,10 +6,8 @@ passes without a bar)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from stackproof.measure.topology import Gpu
+from stackproof.judge.readings import Gpu
 
 GB = 1e9
 # PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG specifications).

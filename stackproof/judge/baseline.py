@@ -1,6 +1,6 @@
 """Baselines, judged: which figures are a GPU's own measurements, how much each may vary (from the spread of the
 known-good runs, with a floor per unit), and which rank's figures fell below it. Pure functions of report.json
-dicts; the files are read and written by stackproof/measure/baseline.py. docs/baseline.md.
+dicts; the files are read and written by stackproof/report/baseline.py. docs/baseline.md.
 
 A figure is compared when it is a number whose unit says which way is better (UNIT_BETTER) and it measures the
 rank's own GPU (or CPU rank). Everything else is left out: digests, versions, counts and sizes are the other

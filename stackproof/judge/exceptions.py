@@ -17,8 +17,14 @@ KNOWN: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
       "cuda capability sm_"), "software-pins", "triage",
      "this torch was built without kernels for this GPU's architecture: use an image whose torch lists the GPU's "
      "compute capability (torch.cuda.get_arch_list())"),
-    (("uncorrectable ecc error", "fallen off the bus", "gpu is lost", "unspecified launch failure"),
+    (("uncorrectable ecc error", "fallen off the bus", "gpu is lost", "unspecified launch failure",
+      # cudaErrorHardwareStackError, cudaErrorIllegalInstruction (the context is lost: CUDA's own words), and
+      # NCCL's ncclUnhandledCudaError: a CUDA call inside NCCL failed (after an XID, the usual cause)
+      "hardware stack error", "illegal instruction was encountered", "unhandled cuda error"),
      "gpu-hardware", "reset", RESET),
+    (("uncorrectable nvlink error",), "interconnect", "reset",  # cudaErrorNvlinkUncorrectable
+     "an NVLink between this node's GPUs failed: reset the GPUs (nvidia-smi -r) and read the NVLink error counters "
+     "(nvidia-smi nvlink -e); replace the board or the bridge if it recurs"),
     (("driver version is insufficient", "cuda driver version", "forward compatibility was attempted"),
      "configuration", "triage",
      "the node's NVIDIA driver is older than the image's CUDA needs: upgrade the driver, or use an image built "

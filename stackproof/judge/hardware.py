@@ -4,13 +4,9 @@ functions of topology.Gpu facts; the findings name the GPU."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from stackproof.judge.bars import nvlinks_expected, pcie_expected
 from stackproof.judge.findings import RESET, RMA, Finding
-
-if TYPE_CHECKING:
-    from stackproof.measure.topology import Gpu
+from stackproof.judge.readings import Gpu
 
 RESEAT = "reseat the GPU / riser and check the slot and its BIOS link settings (lspci -vv: LnkSta vs LnkCap)"
 NVLINK_FIX = ("check the fabric (nvidia-smi nvlink -s; fabric manager on NVSwitch systems), reset the GPU; a link "
@@ -118,3 +114,28 @@ def nvml_stalled(why: str) -> Finding:
                    "gpu-hardware", "reset", "drain the node and reboot it (a GPU reset needs an NVML that answers); "
                    "look in the kernel log for the XID (79, 119 GSP timeout) that stuck the driver; if it recurs, "
                    + RMA)
+
+
+# A rank that died on one of these may have died of its GPU (CUDA aborts on a lost context; a GPU fallen off the
+# bus faults the mapped memory): its GPU is looked at again before the run's verdict is settled.
+FATAL_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
+
+
+def after_a_signal(rank: int, died_on: str, gpu: Gpu, gpus_now: list[Gpu] | None, xid_findings: list[Finding],
+                   unreachable_now: dict[int, str] | None = None, stalled_now: str = "") -> list[Finding]:
+    """Rank `rank`, which drove `gpu`, died on signal `died_on`: what NVML says of that GPU now (the survey after
+    the death: `gpus_now`, None when NVML could not start; `unreachable_now` {index: error}; `stalled_now`: why
+    it did not answer in time), and the XIDs the kernel logged for it during the run (health.xid_findings of
+    them). [] when the GPU reads as it did: the death then names no machine."""
+    why = f"after rank {rank} died on {died_on}"
+    if gpus_now is None or stalled_now:
+        return [nvml_stalled(f"{stalled_now or 'NVML could not start'} ({why})"), *xid_findings]
+    if gpu.index in (unreachable_now or {}):
+        return [unreachable(gpu.index, f"{(unreachable_now or {})[gpu.index]} ({why})"), *xid_findings]
+    same = [g for g in gpus_now if g.uuid == gpu.uuid]
+    if not same:
+        return [Finding(gpu.index, gpu.uuid, "GPU listed by NVML", f"GPU {gpu.index} {gpu.uuid} still listed {why}",
+                        "not listed any more", "gpu-hardware", "isolate",
+                        "drain the node; check the kernel log for Xid 79 on this GPU and nvidia-smi; reboot; if it "
+                        "recurs, " + RMA), *xid_findings]
+    return [*findings(same[0], gpus_now), *xid_findings]

@@ -31,14 +31,17 @@ def _by_model(entries: list[dict]) -> dict[str, list[int]]:
 
 def odd_ones_out_by_model(entries: list[dict]) -> dict:
     """entries: every rank's {"model", "digest", "exact": bool}. Within each model, the ranks whose digest is not
-    the majority's; only ranks whose exact GEMM was right vote. Returns {"odd": [{"rank", "found", "expected"}],
-    "reference": {model: digest or None}} (expected None: no majority)."""
+    the majority's; only ranks whose exact GEMM was right vote. Returns {"odd": [{"rank", "found", "expected",
+    "severity"}], "reference": {model: digest or None}} (expected None: no majority). A GPU the majority outvotes
+    is to isolate; with no majority (two GPUs, 1 against 1) one of them computes wrong and which cannot be told:
+    each is to triage, never both isolated for one GPU's fault."""
     odd, reference = [], {}
     for model, ranks in _by_model(entries).items():
         digests = [entries[r]["digest"] for r in ranks]
         trusted = [bool(entries[r].get("exact", True)) for r in ranks]
         reference[model] = consensus.majority(digests, trusted)
-        odd += [{"rank": ranks[i], "found": digests[i], "expected": reference[model]}
+        odd += [{"rank": ranks[i], "found": digests[i], "expected": reference[model],
+                 "severity": "isolate" if reference[model] is not None else "triage"}
                 for i in odd_ones_out(digests, trusted)]
     return {"odd": sorted(odd, key=lambda o: o["rank"]), "reference": reference}
 

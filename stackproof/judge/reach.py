@@ -6,12 +6,8 @@ fix. Pure: a Reach in, one finding out (the first cause, in the order a person w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from stackproof.judge.findings import Finding
-
-if TYPE_CHECKING:
-    from stackproof.measure.cuda_reach import Reach
+from stackproof.judge.readings import Reach
 
 # NVML's error codes (nvml.h), at nvmlInit.
 NVML_DRIVER_NOT_LOADED, NVML_LIBRARY_NOT_FOUND, NVML_LIB_RM_VERSION_MISMATCH = 9, 12, 18

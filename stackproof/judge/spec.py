@@ -77,9 +77,9 @@ RULES = (
          "nvidia-smi -i <GPU> -pl <watts> (and check the BMC's power capping)", kind="watts"),
     # The network (sysfs, stackproof/measure/fabric.py); fabric::rdma_ports_hold_their_spec names the port.
     Rule("fabric_ports_up", "RDMA ports up", "interconnect", "isolate", fabric.PORT_FIX, per_gpu=False,
-         judged_by=FABRIC_CHECK),
+         kind="links", judged_by=FABRIC_CHECK),
     Rule("fabric_port_rate_gbps", "RDMA port rate (Gb/s, the slowest port up)", "interconnect", "triage",
-         fabric.RATE_FIX, per_gpu=False, judged_by=FABRIC_CHECK),
+         fabric.RATE_FIX, per_gpu=False, kind="gbps", judged_by=FABRIC_CHECK),
     Rule("fabric_link_layer", "RDMA link layer", "configuration", "triage", fabric.PORT_FIX, per_gpu=False,
          judged_by=FABRIC_CHECK),
 )
@@ -98,6 +98,7 @@ KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "links": ("a whole number >= 0", lambda v: _whole(v, 0)),
     "switch": ("true or false", lambda v: isinstance(v, bool)),
     "watts": ("a number of watts > 0", lambda v: _number(v) and math.isfinite(v) and v > 0),
+    "gbps": ("a number of Gb/s > 0", lambda v: _number(v) and math.isfinite(v) and v > 0),
 }
 ALLOWED = {"spec": ("schema", "stackproof", "created", "entries"), "entry": ("key", "reports", "expect"),
            "key": KEY_FIELDS}

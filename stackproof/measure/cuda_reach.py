@@ -7,7 +7,6 @@ the GPUs' device files. Each call that can hang in a broken driver runs with a d
 from __future__ import annotations
 
 import ast
-import dataclasses
 import glob
 import importlib.util
 import json
@@ -17,22 +16,10 @@ import sys
 import threading
 from pathlib import Path
 
+from stackproof.judge.readings import Reach
+
 PROBE_DEADLINE_S = 10.0  # cuInit / nvmlInit on a healthy node: well under a second
 NO_ANSWER = -1  # the probe did not return within its deadline
-
-
-@dataclasses.dataclass(frozen=True)
-class Reach:
-    nvml_error: int | None = None  # NVML's error code at start-up (None: it started, or nvidia-ml-py is missing)
-    nvml_words: str = ""  # what NVML (or its absence) said
-    nvml_gpus: int | None = None  # GPUs NVML counts (None: NVML did not start)
-    cuda_error: int | None = None  # cuInit's CUresult (0: success; None: libcuda.so.1 not loadable; -1: hung)
-    cuda_words: str = ""  # its name (CUDA_ERROR_NO_DEVICE), or why libcuda.so.1 is not there
-    cuda_gpus: int | None = None  # cuDeviceGetCount after a successful cuInit (CUDA_VISIBLE_DEVICES unset)
-    torch_version: str | None = None  # None: no torch installed
-    torch_cuda: str | None = None  # the CUDA torch was built for; None: a CPU-only build
-    device_files: tuple[str, ...] = ()  # /dev/nvidia0, /dev/nvidia1, ...: what the container was given
-    cuda_visible_devices: str | None = None
 
 
 def within(seconds: float, call, hung):

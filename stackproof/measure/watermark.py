@@ -125,3 +125,30 @@ class Memory:
 
     def advance(self, uuid: str, looked_at: float) -> str:
         return advance(self.state_dir, self.node, uuid, looked_at, self.boot)
+
+
+def snapshot(state_dir: str | Path, node: str) -> dict[Path, bytes]:
+    """Every GPU's last look on this node as it is now (the files' bytes), to `restore` after a run whose
+    evidence must be judged again; {} when there is none (or it cannot be read: nothing to restore then)."""
+    folder = Path(state_dir) / _safe(node)
+    try:
+        return {path: path.read_bytes() for path in folder.glob("*.json")}
+    except OSError:
+        return {}
+
+
+def restore(taken: dict[Path, bytes], state_dir: str | Path, node: str) -> str:
+    """Put this node's last looks back as `snapshot` took them, and drop the GPUs' looks made since (their
+    evidence is judged again by the next run); '' when done, else why not."""
+    folder = Path(state_dir) / _safe(node)
+    try:
+        for path in folder.glob("*.json"):
+            if path not in taken:
+                path.unlink()
+        for path, data in taken.items():
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_bytes(data)
+            os.replace(partial, path)
+    except OSError as err:
+        return f"{folder}: {err.strerror or err}"
+    return ""

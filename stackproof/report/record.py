@@ -24,7 +24,7 @@ from stackproof import __version__
 from stackproof.errors import ConfigError, Exit, StackproofError
 from stackproof.judge import promise
 from stackproof.judge.findings import Finding
-from stackproof.run import folders
+from stackproof.report import folders
 
 # The record's shape (docs/report-format.md). 2: findings per rank (Check.findings, Report.findings), where 1 had
 # one category and severity per check.
@@ -53,7 +53,7 @@ SHAPE: dict[str, type | tuple[type, ...]] = {"exit_code": int, "settings": dict,
 
 def report_file(path: Path) -> Path:
     """The report.json a path names: the file itself, or the one of a reports folder (its newest run when the
-    folder keeps its runs: healthcheck's, run/folders.py)."""
+    folder keeps its runs: healthcheck's, report/folders.py)."""
     return folders.current(path) / REPORT_FILE if path.is_dir() else path
 
 
@@ -202,8 +202,8 @@ class Report:
             return Exit(self.override[0])
         if not self.complete or not self.checks or self.not_run():
             return Exit.INCOMPLETE
-        if self.counts()["failed"]:
-            return Exit.FAILED
+        if self.counts()["failed"] or self.findings:  # a finding of the run itself (a rank the kernel could not
+            return Exit.FAILED                         # kill after the verdict, a GPU lost) fails it like a check's
         # No PASS without a judgement: nothing judged, or a promised check not judged, is not a proof.
         if promise.nothing_judged(self._outcomes()) or self.unjudged():
             return Exit.INCOMPLETE
@@ -220,6 +220,9 @@ class Report:
         missing = self.not_run()
         if missing:
             return f"{len(missing)} of {len(self.planned)} checks never ran, from {Check(missing[0]).name}"
+        if self.exit_code == Exit.FAILED and self.findings and not self.counts()["failed"]:
+            more = f" (+{len(self.findings) - 1} more)" if len(self.findings) > 1 else ""
+            return f"every check passed, but the run found: {self.findings[0]}{more}"
         if self.exit_code == Exit.INCOMPLETE:
             nothing = promise.nothing_judged(self._outcomes())
             if nothing:

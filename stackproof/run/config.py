@@ -12,10 +12,10 @@ from stackproof.errors import ConfigError
 from stackproof.files import folder_problem
 from stackproof.judge.promise import TIERS
 from stackproof.judge.spec import problem as spec_problem  # a bad file: exit 2 before any rank starts
-from stackproof.measure.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.measure.fabric import SYSFS
 from stackproof.measure.health import KERNEL_LOG
 from stackproof.measure.topology import PCI_DEVICES
+from stackproof.report.baseline import problem as baseline_problem  # a bad file: exit 2 before any rank starts
 from stackproof.run import launch_env
 from stackproof.settings import (
     Settings,
@@ -196,11 +196,11 @@ class ValidateConfig(Settings):
               f"cores, so there the timings are reported and judged only when this is given)", metavar="F",
         check=positive)
     inject_fault: str | None = option(None, "break something on purpose on --fault-rank, to prove the suite "
-                                            "fails when it should; slow-node: every rank on the fault rank's node "
-                                            "holds back each send and its timed work (10x slower); slow-link: only "
-                                            "sends between the fault rank's node and the next node (node+1 mod "
-                                            "nodes) are held back (on one node: between the fault rank and the next "
-                                            "local rank)", choices=FAULTS)
+                                            "fails when it should; slow-node: every pair with a rank on the fault "
+                                            "rank's node moves its data 10 times per exchange, and those ranks' timed "
+                                            "work is 10x slower; slow-link: only pairs between the fault rank's node "
+                                            "and the next node (node+1 mod nodes) do (on one node: the fault rank "
+                                            "and the next local rank)", choices=FAULTS)
     fault_rank: int = option(1, "rank that --inject-fault breaks", metavar="R", check=at_least(0))
     select: str | None = option(None, "run only checks matching this pytest -k expression", flag="-k",
                                 metavar="EXPR")

@@ -9,12 +9,21 @@ import os
 import re
 
 from stackproof.errors import ConfigError
+from stackproof.measure.stall import NVML_DEADLINE_S
 
 # Set by whoever started the ranks and settles the verdict afterwards (the launcher, scripts/torchrun,
 # scripts/slurm): a rank then exits 0 whenever its checks ran, so rank 0 is not stopped before it writes the
 # verdict, and rank 0 leaves the printing of the final table to that launcher. Its value, when a number, is when
 # stackproof's launcher started (epoch seconds), for report.json's phases.
 LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
+# Set by stackproof's launcher: when it stops the ranks (epoch seconds: --run-timeout from their start). The
+# per-check watchdog fires VERDICT_S before it whatever its own limit, so a hang is named by rank 0's verdict, not
+# lost to the launcher's stop (a run stopped by --run-timeout names nobody and acts on nothing).
+RUN_ENDS_ENV = "STACKPROOF_RUN_ENDS"
+# What rank 0 needs once its watchdog fired at the run's end: every rank's answer (all fire at that same moment; a
+# stalled GPU rank's includes NVML's reading of its GPU, at most stall.NVML_DEADLINE_S; watchdog.py waits at most
+# what is left), then the stacks into the logs and the verdict written.
+VERDICT_S = NVML_DEADLINE_S + 1.5
 # torch.distributed's env:// rendezvous reads these; torchrun and srun (through adopt_slurm_env) set them all.
 WORLD_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 WHOLE_NUMBERS = ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
@@ -58,6 +67,14 @@ def launcher_started(env: dict[str, str] | os._Environ = os.environ) -> float | 
         return float(env.get(LAUNCHED_ENV, ""))
     except ValueError:
         return None  # "1": a script that settles the verdict, not stackproof's launcher
+
+
+def run_ends(env: dict[str, str] | os._Environ = os.environ) -> float | None:
+    """When the launcher stops the ranks (RUN_ENDS_ENV, epoch seconds), or None: no launcher of ours said."""
+    try:
+        return float(env.get(RUN_ENDS_ENV, ""))
+    except ValueError:
+        return None
 
 
 def launched(env: dict[str, str] | os._Environ = os.environ) -> bool:

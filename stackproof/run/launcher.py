@@ -23,8 +23,15 @@ from stackproof.measure import pins, topology
 from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
 from stackproof.run import early_cuda, local_ranks, phases, settle
-from stackproof.run.config import ValidateConfig
-from stackproof.run.launch_env import LAUNCHED_ENV, adopt_slurm_env, check_launcher_env, launched_by_a_launcher
+from stackproof.run.config import NODE_NAME_ENV, ValidateConfig
+from stackproof.run.deadline import Deadline
+from stackproof.run.launch_env import (
+    LAUNCHED_ENV,
+    RUN_ENDS_ENV,
+    adopt_slurm_env,
+    check_launcher_env,
+    launched_by_a_launcher,
+)
 from stackproof.run.visibility import hardware_verdict
 
 KILL_GRACE_S = local_ranks.KILL_GRACE_S
@@ -65,18 +72,22 @@ def validate(settings: ValidateConfig) -> int:
     return int(launch(settings).exit_code)
 
 
-def launch(settings: ValidateConfig) -> Report:
-    """Start this node's ranks and return the run's settled record (printed, and written to the reports folder)."""
+def launch(settings: ValidateConfig, clock: Deadline | None = None) -> Report:
+    """Start this node's ranks and return the run's settled record (printed, and written to the reports folder).
+    `clock`: when the ranks must be stopped by (healthcheck's --deadline less stopping them and acting): the NVML
+    survey and the ranks each take at most what it leaves (the ranks' --run-timeout included)."""
     check_input(settings)
     started = phases.process_started()
-    inventory = topology.survey(settings.pci_devices)  # NVML only: no CUDA context, no torch
+    survey_s = topology.SURVEY_DEADLINE_S if clock is None else clock.call_timeout(topology.SURVEY_DEADLINE_S)
+    inventory = topology.survey(settings.pci_devices, survey_s)  # NVML only: no CUDA context, no torch
     chosen = settings.visible_devices or topology.cuda_visible_devices()
     visible = (len(topology.visible(inventory, chosen)) if inventory is not None else gpus_without_nvml())
     nproc = visible or settings.nproc  # one rank per visible GPU
     settings.check_world(nproc * settings.nnodes)
     held = settle.prepare(settings.reports_dir, settings.nnodes, settings.keep_runs)  # this run's until settled
-    if held.folder != settings.reports_dir:  # --keep-runs: the run writes in its own folder (run/folders.py)
-        settings = dataclasses.replace(settings, reports=str(held.folder), keep_runs=0)
+    if held.folder != settings.reports_dir:  # --keep-runs: the run writes in its own folder (report/folders.py)
+        settings = dataclasses.replace(settings, reports=str(held.folder), keep_runs=0,  # the last looks stay under
+                                       state_dir=str(settings.health_state_dir))  # the root, across the runs
     try:
         stopped = hardware_verdict(settings, inventory, visible, sys.stdout)  # exit 3's record: in the run's folder
         if stopped is not None:
@@ -84,7 +95,12 @@ def launch(settings: ValidateConfig) -> Report:
         print(f"# stackproof validate: {nproc} rank(s) on this node "
               f"({'NCCL, one per GPU' if visible else 'gloo, CPU'}) of {settings.nnodes} node(s), tier "
               f"{settings.tier}; reports: {settings.reports}", flush=True)
+        if clock is not None:  # the survey's time, or the part of it NVML did not take, is the ranks'
+            ranks_s = max(1.0, clock.call_timeout(settings.run_timeout))
+            settings = dataclasses.replace(settings, run_timeout=ranks_s, timeout=min(settings.timeout, ranks_s))
         env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}",
+               # the name resolved once (--node-name / healthcheck's --node): every node_name() of the ranks says it
+               **({NODE_NAME_ENV: settings.node_name} if settings.node_name else {}),
                **({"CUDA_VISIBLE_DEVICES": settings.visible_devices} if settings.visible_devices else {})}
         if settings.nnodes == 1 and not settings.rdzv_endpoint:
             outcome = local_ranks.run([sys.executable, "-m", "stackproof", "validate", *settings.to_argv()], nproc,
@@ -96,10 +112,13 @@ def launch(settings: ValidateConfig) -> Report:
                                    interrupted=outcome.interrupted,
                                    timed_out_s=settings.run_timeout if outcome.timed_out else None,
                                    phases={"ranks_exited": time.time()},
-                                   findings=_unkillable(settings, outcome.unkillable, inventory))
-        rc, interrupted, timed_out = _torchrun(settings, nproc, env)
+                                   findings=[*_unkillable(settings, outcome.unkillable, inventory),
+                                             *_after_signals(settings, outcome.failures, inventory, started,
+                                                             clock)])
+        rc, interrupted, timed_out, stuck = _torchrun(settings, nproc, env)
         return settle.conclude(settings.reports_dir, sys.stdout, launcher_exit=rc, interrupted=interrupted,
-                               timed_out_s=settings.run_timeout if timed_out else None)
+                               timed_out_s=settings.run_timeout if timed_out else None,
+                               findings=_unkillable(settings, stuck, inventory))
     finally:
         held.release()
 
@@ -119,6 +138,43 @@ def _unkillable(settings: ValidateConfig, stuck: list[dict], inventory: topology
     return found
 
 
+def _after_signals(settings: ValidateConfig, failures: list[dict], inventory: topology.Inventory | None,
+                   started: float, clock: Deadline | None) -> list[Finding]:
+    """The GPUs of ranks that died on a fatal signal (hardware.FATAL_SIGNALS), looked at again: a fresh NVML
+    survey (bounded as the first) and the XIDs the kernel logged for each since this run started. Run-level
+    findings, so the verdict and act see them; none on CPU ranks or when the GPU reads healthy."""
+    fatal = [f for f in failures if f["exitcode"] < 0 and _signal_name(-f["exitcode"]) in hardware.FATAL_SIGNALS]
+    gpus = topology.visible(inventory, settings.visible_devices or topology.cuda_visible_devices()) \
+        if fatal and inventory is not None else []
+    fatal = [f for f in fatal if f["rank"] < len(gpus)]
+    if not fatal:
+        return []
+    from stackproof.judge import health as rules
+    from stackproof.measure import health
+
+    survey_s = topology.SURVEY_DEADLINE_S if clock is None else clock.call_timeout(topology.SURVEY_DEADLINE_S)
+    now = topology.survey(settings.pci_devices, survey_s)
+    log = health.read_kernel_log(settings.kernel_log, since=started)
+    found = []
+    for failure in fatal:
+        gpu, died_on = gpus[failure["rank"]], _signal_name(-failure["exitcode"])
+        xids = rules.xid_findings(gpu.index, gpu.uuid, rules.kernel_xids(log.records, gpu.pci_bus_id, started))
+        for finding in hardware.after_a_signal(failure["rank"], died_on, gpu, None if now is None else now.gpus, xids,
+                                               None if now is None else now.unreachable,
+                                               "" if now is None else now.stalled):
+            found.append(finding.at(node=settings.node_name or node_name(), rank=failure["rank"],
+                                    pci_bus_id=gpu.pci_bus_id or "", source=f"launcher: rank {failure['rank']} "
+                                                                            f"died on {died_on}"))
+    return found
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def gpus_without_nvml() -> int:
     """GPUs this node's ranks can use where NVML cannot answer, without a CUDA context where possible: no CUDA
     driver means none, and only a driver whose NVML is not mounted (NVIDIA_DRIVER_CAPABILITIES without utility)
@@ -132,28 +188,33 @@ def gpus_without_nvml() -> int:
     return torch.cuda.device_count()
 
 
-def _torchrun(settings: ValidateConfig, nproc: int, env: dict[str, str]) -> tuple[int, str | None, bool]:
-    """(torchrun's exit code, the signal that interrupted the run if any, whether --run-timeout stopped it)."""
+def _torchrun(settings: ValidateConfig, nproc: int,
+              env: dict[str, str]) -> tuple[int, str | None, bool, list[dict]]:
+    """(torchrun's exit code, the signal that interrupted the run if any, whether --run-timeout stopped it, what
+    _kill could not stop: the settled record's finding, as local_ranks' unkillable ranks are)."""
     cmd = [sys.executable, "-m", "stackproof.run.agent", settings.reports, *settings.torchrun_rendezvous(),
            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=1",
            "-m", "--", "stackproof", "validate", *settings.to_argv()]
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env[RUN_ENDS_ENV] = f"{time.time() + settings.run_timeout:.3f}"  # the ranks' watchdog fires before the stop
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     interrupted: list[str] = []
+
+    stuck: list[dict] = []
 
     def stop(signum: int, _frame: object) -> None:
         # Ctrl-C / docker stop: stop every rank, not only torchrun, and say so in the verdict.
         interrupted.append(signal.Signals(signum).name)
-        _kill(proc, signum)
+        stuck.extend(filter(None, [_kill(proc, signum)]))
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         rc = proc.wait(timeout=settings.run_timeout)
-        return rc, (interrupted[0] if interrupted else None), False
+        return rc, (interrupted[0] if interrupted else None), False, stuck
     except subprocess.TimeoutExpired:
-        _kill(proc, signal.SIGTERM)
-        return -1, None, True
+        stuck.extend(filter(None, [_kill(proc, signal.SIGTERM)]))
+        return -1, None, True, stuck
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from stackproof.run.launch_env import RUN_ENDS_ENV
+
 KILL_GRACE_S = 10.0
 # How long a rank's exit is awaited after SIGKILL. A process the kernel cannot kill (uninterruptible sleep in the
 # driver after an XID 79, or on a dead mount) never exits: it is named and the run goes on to settle and act.
@@ -56,6 +58,7 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
     base = dict(env)
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    base[RUN_ENDS_ENV] = f"{time.time() + timeout_s:.3f}"  # the ranks' watchdog fires before the stop below
     port = free_port()
     interrupted: list[str] = []
     procs: list[subprocess.Popen] = []

@@ -29,7 +29,7 @@ from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
 from stackproof.run import phases, smoke_tests_dir
 from stackproof.run.config import ValidateConfig
-from stackproof.run.launch_env import launcher_started
+from stackproof.run.launch_env import launcher_started, run_ends
 from stackproof.run.watchdog import CheckWatchdog
 
 DIST_KEY = pytest.StashKey[sp_dist.DistEnv]()
@@ -144,7 +144,8 @@ def pytest_configure(config: pytest.Config) -> None:
         report.write(settings.reports_dir)  # INCOMPLETE until the end: a killed run never leaves a pass behind
     config.stash[WATCHDOG_KEY] = CheckWatchdog(env, settings.watchdog_s,
                                                lambda nodeid, message, ranks: _stalled(config, nodeid, message, ranks),
-                                               suite_dirs=(smoke_tests_dir(),))
+                                               suite_dirs=(smoke_tests_dir(),), node=mine.node,
+                                               run_ends=run_ends())
 
 
 def declaration(item: pytest.Item) -> promise.Declaration:

@@ -17,8 +17,8 @@ from typing import IO, Any
 
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge.findings import Finding
+from stackproof.report import folders
 from stackproof.report.record import REPORT_FILE, UNREADABLE_FILE, Report, ReportUnreadable, stale_outputs
-from stackproof.run import folders
 
 STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGKILL)
 # A run's rank logs, NCCL's log and the report take a few MiB; less free space than this fails mid-run.
@@ -97,7 +97,7 @@ def unwritable(reports_dir: Path) -> str | None:
 def prepare(reports_dir: Path, nnodes: int = 1, keep_runs: int = 0) -> Claim:
     """Before a run: the folder exists, is writable, has room, is this run's alone (hold the Claim until the
     verdict is settled), and no verdict of an earlier run is left in it. keep_runs > 0: the run's folder is a new
-    one under reports_dir (run/folders.py; Claim.folder), and runs past the newest keep_runs are removed."""
+    one under reports_dir (report/folders.py; Claim.folder), and runs past the newest keep_runs are removed."""
     problem = unwritable(reports_dir)
     if problem:
         raise ConfigError(f"--reports {reports_dir}: expected a folder this user can write with room for the "
@@ -115,6 +115,8 @@ def prepare(reports_dir: Path, nnodes: int = 1, keep_runs: int = 0) -> Claim:
             (reports_dir / name).unlink(missing_ok=True)
         if keep_runs:
             folders.prune(root, keep_runs, LOCK_FILE)
+        else:
+            folders.written_here(root)
     except OSError as err:
         held.release()
         raise ConfigError(f"--reports {reports_dir}: expected a folder this user ({os.getuid()}) can write, found "

@@ -19,6 +19,7 @@ import faulthandler
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -30,6 +31,7 @@ from stackproof.judge import hang
 from stackproof.judge.findings import Finding
 from stackproof.measure import identity, stall
 from stackproof.run import dist as _dist
+from stackproof.run.launch_env import VERDICT_S
 
 # Where frames mean "waiting for the other ranks" (torch.distributed, stackproof's own sync), and where the
 # suite's own code lives: whole directories, resolved, so a checkout in a folder named "stackproof" or a venv
@@ -78,10 +80,11 @@ def main_thread_cuda_call(native: stall.Native) -> str:
     return native.syscall if native.in_gpu_driver else ""
 
 
-def stall_answer(waiting: bool, where: str, gpu: dict | None) -> dict:
+def stall_answer(waiting: bool, where: str, gpu: dict | None, node: str = "") -> dict:
     """What a rank says when the watchdog fires: where its main thread is (Python, and below it), and, for a
-    stalled rank on a GPU, what NVML says of the GPU meanwhile (judge/hang.py pins the hang, or not)."""
-    answer = {"waiting": waiting, "where": where, "node": identity.node_name()}
+    stalled rank on a GPU, what NVML says of the GPU meanwhile (judge/hang.py pins the hang, or not). `node`: the
+    name the run resolved for this node (--node-name), which a drain names; the environment's only without one."""
+    answer = {"waiting": waiting, "where": where, "node": node or identity.node_name()}
     if waiting:
         return answer
     native = stall.native()
@@ -111,8 +114,12 @@ class CheckWatchdog:
     """Arm it around one check; `on_stall(nodeid, message)` runs on rank 0 if the check outlives `limit_s`."""
 
     def __init__(self, env: _dist.DistEnv, limit_s: float, on_stall: Callable[[str, str, list[int]], None],
-                 suite_dirs: tuple[Path, ...] = ()):
+                 suite_dirs: tuple[Path, ...] = (), node: str = "", run_ends: float | None = None):
+        """`node`: this node's name as the run resolved it (the findings' node); `run_ends`: when the launcher stops
+        the ranks (epoch seconds, launch_env.run_ends()): the watchdog fires launch_env.VERDICT_S before it, whatever
+        `limit_s` says, so rank 0 names the stalled rank before the run is stopped."""
         self.env, self.limit_s, self.on_stall, self.suite_dirs = env, limit_s, on_stall, suite_dirs
+        self.node, self.run_ends = node, run_ends
         self._timer: threading.Timer | None = None
         self._seq = 0
         # This rank's GPU, read now: once the main thread is stuck in CUDA, asking torch could block too.
@@ -120,9 +127,16 @@ class CheckWatchdog:
                     if env.is_gpu else None)
         self.findings: list[Finding] = []  # rank 0, once fired: each stalled rank's, GPU hang or tool timeout
 
+    def fires_in(self, now: float) -> float:
+        """Seconds from `now` (epoch) until the watchdog fires for a check starting then: its limit, or the run's
+        end less VERDICT_S when that comes first."""
+        if self.run_ends is None:
+            return self.limit_s
+        return max(0.0, min(self.limit_s, self.run_ends - VERDICT_S - now))
+
     def arm(self, what: str) -> None:
         self._seq += 1
-        self._timer = threading.Timer(self.limit_s, self._fire, args=(self._seq, what))
+        self._timer = threading.Timer(self.fires_in(time.time()), self._fire, args=(self._seq, what, time.time()))
         self._timer.daemon = True
         self._timer.start()
 
@@ -131,26 +145,33 @@ class CheckWatchdog:
             self._timer.cancel()
             self._timer = None
 
-    def _fire(self, seq: int, what: str) -> None:
+    def _fire(self, seq: int, what: str, armed: float) -> None:
+        ran_s = time.time() - armed  # the limit, or less: the run's end came first
         waiting, where = main_thread_position(self.suite_dirs)
-        dump_stacks(what, self.limit_s, self.env.rank)  # before answering: rank 0 may end the run at once
+        dump_stacks(what, round(ran_s, 1), self.env.rank)  # before answering: rank 0 may end the run at once
         store = self.env.side_store or self.env.store
-        store.set(f"stall/{seq}/{self.env.rank}", json.dumps(stall_answer(waiting, where, self.gpu)))
+        store.set(f"stall/{seq}/{self.env.rank}", json.dumps(stall_answer(waiting, where, self.gpu, self.node)))
         if not self.env.is_main:
             return  # rank 0 reports; the launcher then stops this rank
         keys = [f"stall/{seq}/{rank}" for rank in range(self.env.world_size)]
+        # The others' answers, but never past the run's end: the verdict must be written before the launcher stops us.
+        wait_s = ANSWER_WAIT_S if self.run_ends is None else \
+            max(0.5, min(ANSWER_WAIT_S, self.run_ends - time.time() - VERDICT_S / 4))
         try:
-            store.wait(keys, datetime.timedelta(seconds=ANSWER_WAIT_S))
+            store.wait(keys, datetime.timedelta(seconds=wait_s))
             answers = {rank: json.loads(value) for rank, value in enumerate(store.multi_get(keys))}
         except Exception:  # some rank did not answer: read those that did, one by one (only on this path)
             answers = {rank: json.loads(store.get(key)) for rank, key in enumerate(keys) if store.check([key])}
         stalled = sorted(r for r, a in answers.items() if not a["waiting"])
         silent = sorted(set(range(self.env.world_size)) - set(answers))
-        self.findings = [hang.hang_finding(what, rank, answers[rank], self.limit_s) for rank in stalled]
-        self.on_stall(what, stall_message(what, self.limit_s, self.env.world_size, answers), stalled + silent)
+        self.findings = [hang.hang_finding(what, rank, answers[rank], ran_s) for rank in stalled]
+        hint = ("raise the limit with --check-timeout" if ran_s >= self.limit_s - 0.5 else
+                "the run's end came first: raise --run-timeout (healthcheck: --deadline)")
+        self.on_stall(what, stall_message(what, ran_s, self.env.world_size, answers, hint), stalled + silent)
 
 
-def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int, dict]) -> str:
+def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int, dict],
+                  hint: str = "raise the limit with --check-timeout") -> str:
     stalled = sorted(r for r, a in answers.items() if not a["waiting"])
     waiting = sorted(r for r, a in answers.items() if a["waiting"])
     silent = sorted(set(range(world_size)) - set(answers))
@@ -168,5 +189,5 @@ def stall_message(what: str, limit_s: float, world_size: int, answers: dict[int,
         parts.append(f"rank(s) {waiting} were all waiting inside a collective, none stalled outside one (the "
                      "collective itself did not complete: a GPU, a link or the communication library)")
     return (f"{what} did not finish within {limit_s:.0f} s: " + "; ".join(parts)
-            + "; every thread's stack of each rank is in its log (logs/rank<N>.log in the reports folder); raise "
-              "the limit with --check-timeout")
+            + "; every thread's stack of each rank is in its log (logs/rank<N>.log in the reports folder); "
+            + hint)

@@ -16,6 +16,7 @@ from typing import IO
 
 import pytest
 
+from stackproof import pipes
 from stackproof.errors import ConfigError, Exit
 from stackproof.report.record import Report, ReportUnreadable
 from stackproof.run import launch_env, phases, settle, smoke_tests_dir, watchdog
@@ -34,7 +35,7 @@ def _logged_to(path: Path) -> Iterator[IO[str]]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)  # may belong to another uid (a host run before a container run)
     saved = os.dup(1), os.dup(2)
-    contract = os.fdopen(os.dup(1), "w", buffering=1)
+    contract = pipes.reader_may_leave(os.fdopen(os.dup(1), "w", buffering=1))  # `validate | head -1`
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 KiB, MiB = 1 << 10, 1 << 20
 FAULTS: dict = {}
+_SYNCHRONIZE = torch.cuda.synchronize  # torch's own, whatever a fault patches
 
 
 def fault(name):
@@ -430,3 +431,56 @@ def _no_sync_loses_gradients(_rank):
         for param in self.module.parameters():
             param.grad = None
     DistributedDataParallel.no_sync = no_sync
+
+def _called_from_a_check() -> bool:
+    """Whether the caller's stack passes through the suite (smoke_tests/): a hang there is inside a check, where
+    the watchdog looks, not in the ranks' start-up."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if "smoke_tests" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _never_return() -> None:
+    """A call that never returns, as a hung machine makes it: on a GPU rank a kernel that never ends and the host
+    waiting for it in CUDA (what a GPU stuck after an XID looks like from the rank); on a CPU rank the thread blocked
+    on a lock nobody releases (a collective whose peer's data never comes)."""
+    import threading
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        while True:
+            torch.cuda._sleep(1 << 34)  # ~10 s of spinning per launch, the GPU busy all along (NVML: 100 %)
+            _SYNCHRONIZE()
+    threading.Event().wait()
+
+
+@fault("collective-hangs")
+def _collective_hangs(rank):
+    """One rank's send/recv, barrier and all_reduce never return once called inside a check: its peers wait in
+    the collective, it is stuck below it."""
+    for name in ("batch_isend_irecv", "barrier", "all_reduce"):
+        real = getattr(dist, name)
+
+        def hang(*args, _real=real, **kwargs):
+            if _on(rank) and _called_from_a_check():
+                _never_return()
+            return _real(*args, **kwargs)
+        setattr(dist, name, functools.wraps(real)(hang))
+
+
+@fault("kernel-hangs")
+def _kernel_hangs(rank):
+    """One rank's torch.cuda.synchronize never returns once called inside a check (a kernel that never ends): one
+    GPU is enough."""
+    real = torch.cuda.synchronize
+
+    @functools.wraps(real)
+    def synchronize(*args, **kwargs):
+        if (not dist.is_initialized() or dist.get_rank() == rank) and _called_from_a_check():
+            _never_return()
+        return real(*args, **kwargs)
+    torch.cuda.synchronize = synchronize

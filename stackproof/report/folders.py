@@ -1,5 +1,6 @@
 """Each run in its own folder (--keep-runs N): <reports>/runs/<started>-<pid>/, with two links beside runs/:
-`latest` (the newest run, the one going or the last to finish: point node_exporter's textfile collector there)
+`latest` (the newest run, the one going or the last to finish: point node_exporter's textfile collector there;
+`.` after a run written into the folder itself)
 and `last-acted` (the run healthcheck last took action on: its evidence outlives the hourly runs after it).
 The newest N runs are kept, and the one `last-acted` names whatever its age; a run still going (its folder
 locked by settle.claim) is never removed."""
@@ -27,6 +28,13 @@ def new_run(root: Path, now: datetime.datetime | None = None) -> Path:
     run.mkdir(parents=True)
     link(root, LATEST, run)
     return run
+
+
+def written_here(root: Path) -> None:
+    """A run written into root itself (no --keep-runs): a `latest` left there by runs that kept their folders
+    names root now, so that readers (verdict, act, report, node_exporter) read this run, not an older one."""
+    if (root / LATEST).is_symlink():
+        link(root, LATEST, root)
 
 
 def link(root: Path, name: str, run: Path) -> None:
