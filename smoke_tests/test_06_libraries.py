@@ -11,9 +11,12 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from stackproof.judge import known_answers as recipe
 from stackproof.judge import software
-from stackproof.judge.promise import FULL, Needs
+from stackproof.judge.promise import FAST, FULL, Needs
+from stackproof.measure import known_answers as known
 
 pytestmark = pytest.mark.check(FULL, Needs())
 
@@ -24,14 +27,18 @@ def _library(device: torch.device, cuda: str, cpu: str) -> str:
     return cuda if device.type == "cuda" else cpu
 
 
-def _answer(report, library: str, what: str, expected: str, compute) -> None:
-    """`compute()` returns '' when right, else what it found; an exception is the library failing."""
+def _wrong(library: str, what: str, expected: str, compute):
+    """`compute()` returns '' when right, else what it found; an exception is the library failing. The finding,
+    or None."""
     try:
         found = compute()
     except Exception as err:  # the library itself failing is the finding (no kernel image, no backend)
         found = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
-    if found:
-        finding = software.known_answer(library, what, expected, found)
+    return software.known_answer(library, what, expected, found) if found else None
+
+
+def _answer(report, library: str, what: str, expected: str, compute) -> None:
+    if finding := _wrong(library, what, expected, compute):
         report.found(finding)
         pytest.fail(str(finding))
 
@@ -156,6 +163,55 @@ def test_cublaslt_matmuls(dist_env, report):
             return "; ".join(problems)
 
         _answer(report, library, f"{name} GEMMs", "the exact product (whole numbers)", right)
+
+
+def _gemm_case(device: torch.device, name: str, k: int) -> str:
+    """'' when x @ y and F.linear(x, y^T) (a layer's layout) at this K give the exact product, else what they
+    gave. fp8 goes through torch._scaled_mm (unit scales, bf16 out), the path fp8 training takes."""
+    fp8 = name == "float8_e4m3fn"
+    out_dtype = torch.bfloat16 if fp8 else torch.float32 if name == "tf32" else getattr(torch, name)
+    a, b, want = known.gemm_inputs(k, out_dtype)  # shared between calls: read, never written
+    if fp8:
+        one = torch.ones((), device=device)
+        found = torch._scaled_mm(a.to(device, torch.float8_e4m3fn), b.T.contiguous().to(device, torch.float8_e4m3fn).T,
+                                 one, one, out_dtype=torch.bfloat16)
+        return _close(found, want, 0)
+    x, y = a.to(device, out_dtype), b.to(device, out_dtype)
+    problems = [f"{what}: {wrong}" for what, wrong in (
+        ("x @ y", _close(x @ y, want, 0)), ("F.linear", _close(F.linear(x, y.T.contiguous()), want, 0))) if wrong]
+    return "; ".join(problems)
+
+
+@pytest.mark.check(FAST, Needs())  # ~ms on a GPU: every tier proves the GEMMs a job will run
+def test_gemms_at_every_k_class(dist_env, report):
+    """Every precision training multiplies in (fp32, TF32, bf16, fp16, fp8 where the GPU has it) at a small, a
+    medium and a large K: the library picks another kernel (tile, split-K, stream-K) per K class, so a kernel
+    wrong only at large K passes a small-K check. Operands of +-1 and 0 placed so that every partial sum is a
+    whole number exact in the output type (judge/known_answers.py: gemm_stride): the answer is exact, tolerance
+    zero. M = N = 64 keeps the whole check to a few milliseconds on a GPU."""
+    device = dist_env.device
+    library = _library(device, f"cuBLASLt {torch.version.cuda}", "oneDNN / CPU BLAS")
+    names = _matmul_dtypes(device)
+    report.figure("library", library)
+    report.figure("dtypes", ",".join(names))
+    report.figure("k", ",".join(f"{cls} {k}" for cls, k in recipe.GEMM_K_CLASSES.items()))
+    findings = []
+    for name in names:
+        for cls, k in recipe.GEMM_K_CLASSES.items():
+            def right(name=name, k=k):
+                previous = torch.backends.cuda.matmul.allow_tf32
+                torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+                try:
+                    return _gemm_case(device, name, k)
+                finally:
+                    torch.backends.cuda.matmul.allow_tf32 = previous
+
+            if finding := _wrong(library, f"{name} GEMM at {cls} K = {k}", "the exact product (whole numbers)",
+                                 right):
+                findings.append(finding)
+    if findings:  # every wrong case, not only the first: which precisions and K classes tells the kernel apart
+        report.found(*findings)
+        pytest.fail("; ".join(map(str, findings)))
 
 
 def test_torchvision_ops(dist_env, report):

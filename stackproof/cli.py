@@ -131,14 +131,20 @@ def _images_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    from stackproof.bench.parallel import ParallelBench
     from stackproof.bench.resnet import ResnetBench
 
     p = sub.add_parser("bench", help="benchmarks that print figures (no verdict)")
-    bench = p.add_subparsers(dest="bench_command", required=True, metavar="{resnet}", parser_class=_Parser)
+    bench = p.add_subparsers(dest="bench_command", required=True, metavar="{resnet,parallel}", parser_class=_Parser)
     ResnetBench.add_arguments(bench.add_parser(
         "resnet", help="ResNet-50 DDP training img/s on 1..N GPUs, eager and --compile",
         description="ResNet-50 (torchvision) under DDP, bf16 autocast, channels_last, synthetic data on the device: "
                     "img/s per GPU, the total, scaling from one GPU, and torch.compile's compile time."))
+    ParallelBench.add_arguments(bench.add_parser(
+        "parallel", help="DataParallel beside DDP on every visible GPU: img/s, each GPU's peak memory, step split",
+        description="ResNet-50 under DataParallel (one process over every visible GPU) and under DDP (one rank "
+                    "per GPU): img/s, each GPU's peak memory, forward/backward/optimizer time; a table, "
+                    "-o JSON and --plot SVG. On one GPU it runs both and says a comparison needs 2+."))
 
 
 def _attest_parsers(sub: argparse._SubParsersAction) -> None:
@@ -333,6 +339,10 @@ def _images(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "parallel":
+        from stackproof.bench import parallel
+
+        return parallel.run(parallel.ParallelBench.from_args(args))
     from stackproof.bench import resnet
 
     return resnet.run(resnet.ResnetBench.from_args(args))

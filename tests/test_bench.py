@@ -1,5 +1,6 @@
 """`stackproof bench resnet`: real torchrun runs of ResNet-50 under DDP (CPU ranks here; GPUs on a GPU host)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -60,3 +61,35 @@ def test_the_worker_gets_the_same_settings_back():
     parser = argparse.ArgumentParser()
     ResnetBench.add_arguments(parser)
     assert ResnetBench.from_args(parser.parse_args(argv)) == settings
+
+
+def test_bench_parallel_runs_dataparallel_and_ddp_and_says_what_cpu_can(tmp_path):
+    """`stackproof bench parallel` on CPU: DataParallel in one process and DDP on 2 gloo ranks, the table, the JSON
+    and the plot; it says that a comparison needs 2+ GPUs."""
+    out, plot = tmp_path / "parallel.json", tmp_path / "parallel.svg"
+    done = subprocess.run([sys.executable, "-m", "stackproof", "bench", "parallel", "--steps", "1", "--warmup", "1",
+                           "--image-size", "32", "--batch", "2", "--timeout", "600", "-o", str(out),
+                           "--plot", str(plot)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert all(line.startswith(("#", "  ")) for line in lines), lines
+    rows = [line.split() for line in lines if line.startswith("  ")]
+    assert [(row[0], row[1], row[2]) for row in rows] == [("DataParallel", "cpu", "1"), ("DDP", "cpu", "2")]
+    assert "a DataParallel/DDP comparison needs 2+ GPUs" in done.stdout
+    saved = json.loads(out.read_text())
+    assert [r["mode"] for r in saved["results"]] == ["dp", "ddp"]
+    assert all(r["img_per_s"] > 0 and r["forward_ms"] > 0 and r["backward_ms"] > 0 for r in saved["results"])
+    assert [len(r["peak_mib"]) for r in saved["results"]] == [1, 2]
+    assert plot.read_text().lstrip().startswith("<") and "DDP" in plot.read_text()
+
+
+def test_bench_parallel_names_dataparallels_gpu0_excess():
+    from stackproof.bench.parallel import Result, format_table, note
+
+    runs = [Result("dp", "cuda", 4, 512, 224, 3000.0, [30000.0, 21000.0, 21000.0, 20500.0], 40.0, 90.0, 5.0),
+            Result("ddp", "cuda", 4, 512, 224, 12000.0, [20000.0] * 4, 30.0, 60.0, 3.0)]
+    assert note(runs) == ("DDP / DataParallel img/s: 4.00x; DataParallel's GPU 0 holds 9000 MiB more than its "
+                          "other GPUs' peak")
+    assert "30000,21000,21000,20500" in format_table(runs)
+    one = [dataclasses.replace(r, gpus=1, peak_mib=r.peak_mib[:1]) for r in runs]
+    assert "a comparison needs 2+ GPUs" in note(one)

@@ -187,3 +187,35 @@ def ddp_step_bound(eps: float, world: int, lr: float, reference, mean_abs_grad):
     PRODUCT_ULPS units for kernels that reduce in another order. Summing instead of averaging, dividing twice or a
     rank's wrong gradient moves the parameter by lr x a whole gradient, far outside."""
     return eps * abs(reference) + lr * (world + 1 + PRODUCT_ULPS) * eps * mean_abs_grad
+
+
+# --- GEMMs at every K class, exact by construction ---------------------------------------------------------------
+
+# K picks the kernel: cuBLAS(Lt) switches tiles, split-K and stream-K with it, so each class is checked. Not powers
+# of two (a remainder tile), multiples of 16 (fp8's _scaled_mm needs it).
+GEMM_K_CLASSES = {"small": 96, "medium": 2080, "large": 8224}
+GEMM_ROWS = 64  # M = N: small, so the largest K class costs ~1 M multiply-adds per GEMM
+
+
+def gemm_stride(k: int, output_bits: int) -> int:
+    """Row i of A is non-zero (+-1) only where k % stride == i % stride, B is +-1 everywhere: every product is
+    +-1 or 0, so every partial sum in any order (a tile's, a split-K slice's, a reduction of slices) is a whole
+    number no larger than K / stride <= 2**output_bits, exact in the output type (bf16: 256) and in any
+    accumulator, and every slice of K of `stride` or more elements still adds to each output."""
+    return -(-k // (1 << output_bits))
+
+
+def gemm_sign(i, k):
+    """+-1 by a quadratic hash of (i, k) mod a prime above GEMM_ROWS: every row and column of the product differs
+    from every other, so a shifted, permuted or transposed operand shows."""
+    return 1 - 2 * ((i * i * 3 + k * k * 5 + i * k * 7 + i + 2 * k) % 257 < 128)
+
+
+def gemm_a(i, k, stride: int):
+    """A[i, k] (i and k index arrays that broadcast): +-1 where k % stride == i % stride, else 0."""
+    return (k % stride == i % stride) * gemm_sign(i, k)
+
+
+def gemm_b(k, j):
+    """B[k, j]: +-1 everywhere, another hash than A's."""
+    return gemm_sign(j + 101, k)

@@ -4,6 +4,7 @@ the device from the pure recipe in stackproof/judge/known_answers.py, and the co
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.distributed as dist
@@ -69,3 +70,15 @@ def first_mismatch(found: torch.Tensor, want: torch.Tensor, ulps: int = 0) -> Mi
         return None
     index = int(bad.nonzero()[0, 0])
     return Mismatch(index, found[index].item(), want[index].item(), wrong)
+
+
+@functools.cache  # one per K class and output precision (fp8's and bf16's alike): the fast tier stays cheap
+def gemm_inputs(k: int, output_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A (GEMM_ROWS x k), B (k x GEMM_ROWS) and their exact product, float64 on the CPU: whole numbers whose every
+    partial sum is exact in `output_dtype` (stackproof/judge/known_answers.py: gemm_stride)."""
+    m = recipe.GEMM_ROWS
+    stride = recipe.gemm_stride(k, bits_of(output_dtype))
+    rows, ks = torch.arange(m, dtype=torch.int64)[:, None], torch.arange(k, dtype=torch.int64)[None, :]
+    a = recipe.gemm_a(rows, ks, stride).double()
+    b = recipe.gemm_b(ks.T, torch.arange(m, dtype=torch.int64)[None, :]).double()
+    return a, b, a @ b

@@ -5,7 +5,9 @@ one way a library or a machine can go wrong while every rank still agrees, the k
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -314,6 +316,121 @@ def _compile_returns_eager(_rank):
         return fn if fn is not None else (lambda f: f)
     torch.compile = compile
 
+
+def _patch_gemms(spoil) -> None:
+    """torch.matmul, the @ operator, F.linear and torch._scaled_mm each pass their result through
+    `spoil(a, b, out, k)` (a, b as the caller gave them, k the contracted size)."""
+    real_matmul, real_op, real_linear = torch.matmul, torch.Tensor.__matmul__, F.linear
+    real_scaled = getattr(torch, "_scaled_mm", None)
+
+    @functools.wraps(real_matmul)
+    def matmul(a, b, **kwargs):
+        return spoil(a, b, real_matmul(a, b, **kwargs), a.shape[-1])
+
+    @functools.wraps(real_linear)
+    def linear(x, weight, *args, **kwargs):
+        return spoil(x, weight, real_linear(x, weight, *args, **kwargs), x.shape[-1])
+
+    torch.matmul, F.linear = matmul, linear
+    torch.Tensor.__matmul__ = lambda a, b: spoil(a, b, real_op(a, b), a.shape[-1])
+    if real_scaled is not None:
+        @functools.wraps(real_scaled)
+        def scaled_mm(a, b, *args, **kwargs):
+            return spoil(a, b, real_scaled(a, b, *args, **kwargs), a.shape[-1])
+        torch._scaled_mm = scaled_mm
+
+
+@fault("half-gemm-wrong-at-large-k")
+def _half_gemm_wrong_at_large_k(_rank):
+    """GEMMs in fp16, bf16 or fp8 with K >= 2048 (a split-K / stream-K kernel) are off by one in one element of
+    their result, on every rank alike; fp32 and small K are right."""
+    halves = {torch.float16, torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
+                                               if hasattr(torch, n))}
+
+    def spoil(a, b, out, k):
+        if a.dtype in halves and k >= 2048 and out.dim() == 2:
+            out[0, 1] += 1
+        return out
+    _patch_gemms(spoil)
+
+
+@fault("attention-head-wrong")
+def _attention_head_wrong(_rank):
+    """scaled_dot_product_attention computes its last head with the scale 1 instead of 1/sqrt(head size) (a
+    kernel wrong for one head), forward and so backward, on every rank and every backend alike."""
+    real = F.scaled_dot_product_attention
+
+    @functools.wraps(real)
+    def sdpa(query, key, value, *args, **kwargs):
+        out = real(query, key, value, *args, **kwargs)
+        if query.dim() != 4 or query.shape[1] < 2:
+            return out
+        last = real(query[:, -1:], key[:, -1:], value[:, -1:], *args, **{**kwargs, "scale": 1.0})
+        return torch.cat([out[:, :-1], last], dim=1)
+    F.scaled_dot_product_attention = sdpa
+
+
+@fault("adamw-decays-twice")
+def _adamw_decays_twice(_rank):
+    """torch.optim.AdamW applies its weight decay twice per step (decoupled, and once more), in every form."""
+    real = torch.optim.AdamW.step
+
+    @functools.wraps(real)
+    def step(self, *args, **kwargs):
+        with torch.no_grad():
+            for group in self.param_groups:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        param.mul_(1 - group["lr"] * group["weight_decay"])
+        return real(self, *args, **kwargs)
+    torch.optim.AdamW.step = step
+
+
+@fault("sub-group-corrupts")
+def _sub_group_corrupts(rank):
+    """Collectives on a group other than the default one (a communicator split off for tensor, pipeline or data
+    parallelism) deliver one element off by one on one rank; the default group's are right."""
+    for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
+        real = getattr(dist, name)
+        signature = inspect.signature(real)
+
+        def patched(output, *args, _real=real, _signature=signature, **kwargs):
+            work = _real(output, *args, **kwargs)
+            group = _signature.bind(output, *args, **kwargs).arguments.get("group")
+            if _on(rank) and group is not None and group is not dist.group.WORLD and output.numel():
+                output.view(-1)[output.numel() // 2] += 1
+            return work
+        setattr(dist, name, functools.wraps(real)(patched))
+    real_batch = dist.batch_isend_irecv
+
+    @functools.wraps(real_batch)
+    def batch_isend_irecv(p2p_op_list):
+        works = real_batch(p2p_op_list)
+        spoiled = [op for op in p2p_op_list if op.op is dist.irecv and op.group is not None
+                   and op.group is not dist.group.WORLD and op.tensor.numel()]
+        if not (_on(rank) and spoiled):
+            return works
+        for work in works:
+            work.wait()
+        for op in spoiled:
+            op.tensor.view(-1)[op.tensor.numel() // 2] += 1
+        return [_Waited(work) for work in works]
+    dist.batch_isend_irecv = batch_isend_irecv
+
+
+@fault("no-sync-loses-gradients")
+def _no_sync_loses_gradients(_rank):
+    """DDP's no_sync drops the gradients accumulated inside it (gradient accumulation keeps the last micro-batch
+    only), on every rank alike."""
+    real = DistributedDataParallel.no_sync
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        with real(self):
+            yield
+        for param in self.module.parameters():
+            param.grad = None
+    DistributedDataParallel.no_sync = no_sync
 
 def _called_from_a_check() -> bool:
     """Whether the caller's stack passes through the suite (smoke_tests/): a hang there is inside a check, where

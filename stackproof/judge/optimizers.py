@@ -1,0 +1,61 @@
+"""Optimizer steps against a float64 reference written out here from the algorithms' definitions (torch.optim's
+documentation), so the reference shares no kernel with torch.optim's for-loop, foreach or fused forms. Pure
+arithmetic on array-likes (numpy arrays or float64 tensors: + - * / ** only), and the tolerance.
+
+A few steps with a different gradient each, so the state matters (momentum buffer, first and second moments, the
+bias corrections' step count): a step that forgets the state, applies weight decay twice or coupled instead of
+decoupled, or corrects the bias with the wrong step moves a parameter by lr x a whole update, far outside."""
+
+from __future__ import annotations
+
+OPTIMIZERS = ("SGD", "Adam", "AdamW")
+FORMS = ("for-loop", "foreach", "fused")
+STEPS = 3
+# Each optimizer's settings, as torch.optim's keyword arguments.
+SETTINGS = {
+    "SGD": {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01},
+    "Adam": {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
+    "AdamW": {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1},
+}
+# Parameter sizes: a scalar-like one, odd ones, and one past the 65 536-element chunk multi-tensor kernels cut by.
+SIZES = (1, 37, 4097, 70001)
+OPTIMIZER_ULPS = 8  # roundings per step in an update (moments, sqrt, division, the bias corrections, the product)
+PARAM_ROUNDINGS = 2  # the parameter rounded per step: AdamW's decay (its factor rounded too), then the update
+
+
+def form_kwargs(form: str) -> dict[str, bool]:
+    """torch.optim's switches for one form."""
+    return {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},
+            "fused": {"fused": True}}[form]
+
+
+def reference(name: str, param, grads, settings: dict | None = None):
+    """The parameter after len(grads) steps from a fresh state, and the sum of |each step's change| (the
+    magnitude the tolerance scales with); `settings` in place of SETTINGS[name]."""
+    s = settings or SETTINGS[name]
+    lr, wd = s["lr"], s["weight_decay"]
+    moved = param * 0
+    first = second = buffer = None
+    for step, grad in enumerate(grads, start=1):
+        before = param
+        if name == "SGD":
+            g = grad + wd * param
+            buffer = g if buffer is None else s["momentum"] * buffer + g
+            param = param - lr * buffer
+        else:
+            beta1, beta2 = s["betas"]
+            g = grad + wd * param if name == "Adam" else grad
+            if name == "AdamW":
+                param = param * (1 - lr * wd)
+            first = (1 - beta1) * g if first is None else beta1 * first + (1 - beta1) * g
+            second = (1 - beta2) * g * g if second is None else beta2 * second + (1 - beta2) * g * g
+            m_hat, v_hat = first / (1 - beta1**step), second / (1 - beta2**step)
+            param = param - lr * m_hat / (v_hat**0.5 + s["eps"])
+        moved = moved + abs(param - before)
+    return param, moved
+
+
+def bound(reference_abs, moved, eps: float, steps: int = STEPS):
+    """How far a float32 (eps) optimizer's parameter may be from the float64 reference, per element: the
+    roundings of the parameter per step (PARAM_ROUNDINGS), and OPTIMIZER_ULPS roundings of each step's change."""
+    return PARAM_ROUNDINGS * steps * eps * reference_abs + OPTIMIZER_ULPS * eps * moved
