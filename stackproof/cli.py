@@ -14,6 +14,7 @@ from pathlib import Path
 
 from stackproof import __version__, files, pipes
 from stackproof.errors import HEALTHCHECK_EXIT_HELP, ConfigError, Exit, StackproofError
+from stackproof.report import outputs
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV, RUN_ENDS_ENV
 from stackproof.settings import argument, parse_seconds, parse_signal
@@ -261,8 +262,8 @@ def _baseline(args: argparse.Namespace) -> int:
 
     from stackproof.report import baseline
 
-    output = files.output_file(args.output, "baseline", "baseline.json", args.reports,
-                               remakes=files.remade_json(baseline.SCHEMA))
+    output = outputs.output_file(args.output, "baseline", "baseline.json", args.reports,
+                               remakes=outputs.remade_json(baseline.SCHEMA))
     made, said = baseline.make(args.reports)
     files.write_text(output, json.dumps(made, indent=2) + "\n")
     print("\n".join(said))
@@ -279,7 +280,7 @@ def _spec(args: argparse.Namespace) -> int:
     from stackproof.judge import spec
     from stackproof.report.record import read_report
 
-    out = files.output_file(args.output, "spec", "spec.json", args.reports, remakes=files.remade_json(spec.SCHEMA))
+    out = outputs.output_file(args.output, "spec", "spec.json", args.reports, remakes=outputs.remade_json(spec.SCHEMA))
     made = spec.make_spec({str(path): read_report(path) for path in args.reports})
     files.write_text(out, json.dumps(made, indent=2) + "\n")
     for warning in spec.unheld(made):
@@ -294,7 +295,7 @@ def _spec(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from stackproof.report import page
 
-    output = files.output_file(args.output, "HTML page", "page.html", [*args.reports, *args.reference],
+    output = outputs.output_file(args.output, "HTML page", "page.html", [*args.reports, *args.reference],
                                remakes=lambda path: path.suffix in (".html", ".htm"))
     path, missing = page.write(args.reports, output, references=args.reference)
     for folder in missing:

@@ -99,9 +99,10 @@ def test_verdict_takes_a_runs_report_json_as_act_does_and_junk_json_is_named(cap
     import json
     import time
 
+    from stackproof.report import outputs
     from stackproof.report.record import Check, Report
 
-    Report(checks=[Check("t.py::x", "passed")], complete=True, started=time.time()).write(tmp_path / "run")
+    outputs.write(Report(checks=[Check("t.py::x", "passed")], complete=True, started=time.time()), tmp_path / "run")
     assert main(["verdict", "--reports", str(tmp_path / "run" / "report.json")]) == Exit.OK
     assert "# Verdict: OK" in capsys.readouterr().out
     (tmp_path / "null.json").write_text(json.dumps(None))

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from stackproof.act import commands as calls
 from stackproof.act import decide, history, kubernetes, lock, tool
-from stackproof.errors import ConfigError, Exit
+from stackproof.errors import ConfigError, Exit, Healthcheck
 from stackproof.judge import policy
 from stackproof.judge.promise import FAST, FULL, SOAK, TIERS
 
@@ -194,7 +195,6 @@ def run_id(reports_dir: Path, keep_runs: int, started: float) -> str:
 def reprove(validate_settings, settings, node: str, found: Standing, out: IO[str]) -> int:
     """Prove a node stackproof took out, with every tier of --reproof-tiers in turn, and return it, keep it out
     with the new evidence, or hold it (a lemon). Exit: STAYS when returned, TAKEN_OUT when it stays out."""
-    from stackproof.act import run as act_run
 
     say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
     problem = reproof_problem(settings.reproof, validate_settings.tier)
@@ -216,8 +216,8 @@ def reprove(validate_settings, settings, node: str, found: Standing, out: IO[str
         return _detach(validate_settings, say)
     except tool.ActError as err:
         say(f"a re-proof of this node is already running ({str(err).partition('found it held by ')[2] or err}): "
-            f"it stays out until that one passes; exit {int(act_run.TAKEN_OUT)}")
-        return act_run.TAKEN_OUT
+            f"it stays out until that one passes; exit {int(Healthcheck.TAKEN_OUT)}")
+        return Healthcheck.TAKEN_OUT
 
 
 def _detach(validate_settings, say) -> int:
@@ -227,7 +227,6 @@ def _detach(validate_settings, say) -> int:
     import subprocess
     import sys
 
-    from stackproof.act import run as act_run
 
     log = validate_settings.reports_dir / LOG_FILE
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -237,12 +236,11 @@ def _detach(validate_settings, say) -> int:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                                  start_new_session=True, env=os.environ.copy())
     say(f"re-proof started in the background (pid {child.pid}, its log {log}); this node stays out of service "
-        f"until it passes; exit {int(act_run.TAKEN_OUT)}")
-    return act_run.TAKEN_OUT
+        f"until it passes; exit {int(Healthcheck.TAKEN_OUT)}")
+    return Healthcheck.TAKEN_OUT
 
 
 def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[str]) -> int:
-    from stackproof.act import run as act_run
     from stackproof.run.config import BURN_HEADROOM_S
     from stackproof.run.launcher import launch
 
@@ -250,14 +248,14 @@ def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[s
         events = history.load(state, node)
     except ValueError as err:
         say(f"its history cannot be read ({err}): it stays out")
-        return act_run.TAKEN_OUT
+        return Healthcheck.TAKEN_OUT
     runs, first_id = [], ""
     for tier in settings.reproof:
         tiered = dataclasses.replace(validate_settings, tier=tier)
         if tier == "burn":  # the soak's own time, not the health check's budget: the node is out of service
             tiered = dataclasses.replace(tiered, run_timeout=max(tiered.run_timeout,
                                                                  tiered.burn_seconds + BURN_HEADROOM_S))
-        tiered = act_run._writable_reports(tiered, say)
+        tiered = calls.writable_reports(tiered, say)
         started = time.time()
         try:
             record = launch(tiered)
@@ -289,9 +287,9 @@ def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[s
             events.append(history.Event(now, history.SERVICED, first_id, "returned to service by someone else"))
         history.save(state, node, events)
         _export(validate_settings, node, events, now, settings)
-        return act_run.STAYS if now_standing.state == IN_SERVICE else act_run.TAKEN_OUT
+        return Healthcheck.STAYS if now_standing.state == IN_SERVICE else Healthcheck.TAKEN_OUT
     argv = commands(settings.scheduler, node, outcome)
-    done = act_run._run_commands(node, argv, settings, act_run._say(out), failures)
+    done = calls.run_commands(node, argv, settings, calls.say_to(out), failures)
     kind = {RETURN: history.RETURNED, KEEP_OUT: history.KEPT_OUT, HOLD: history.HELD}[outcome.verdict]
     if outcome.verdict == RETURN and not done:
         kind = history.KEPT_OUT  # the resume itself failed: the node is still out
@@ -301,10 +299,10 @@ def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[s
     if outcome.remedy:
         say(f"remedy: {policy.remedy_words(outcome.remedy)}")
     if kind == history.RETURNED:
-        say(f"{outcome.reason}; this node is back in service; exit {int(act_run.STAYS)}")
-        return act_run.STAYS
-    say(f"{outcome.reason}; this node stays out of service; exit {int(act_run.TAKEN_OUT)}")
-    return act_run.TAKEN_OUT
+        say(f"{outcome.reason}; this node is back in service; exit {int(Healthcheck.STAYS)}")
+        return Healthcheck.STAYS
+    say(f"{outcome.reason}; this node stays out of service; exit {int(Healthcheck.TAKEN_OUT)}")
+    return Healthcheck.TAKEN_OUT
 
 
 def _export(validate_settings, node: str, events: list[history.Event], now: float, settings) -> None:
@@ -341,11 +339,10 @@ def after_check(done: decide.Decision | None, node: str, found: Standing, valida
         changed = True
         lemon = history.needs_service(events, now, settings.lemon_rule)
         if lemon:
-            from stackproof.act import run as act_run
 
             held = Outcome(HOLD, decide.fit(f"{history.HOLD_PREFIX}{lemon}"), (policy.SERVICE,))
             say(f"a lemon: {lemon}")
-            act_run._run_commands(node, commands(settings.scheduler, node, held), settings, say, [])
+            calls.run_commands(node, commands(settings.scheduler, node, held), settings, say, [])
             events.append(history.Event(now, history.HELD, run_dir_id, held.reason, held.remedy))
     if changed:
         history.save(state, node, events)

@@ -7,15 +7,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import IO
 
 from stackproof.act import breaker, deadline, decide, hardware, kubernetes, resume, slurm, tool
 from stackproof.act import lock as breaker_lock
+from stackproof.act.commands import SCHEDULERS, run_commands, say_to, writable_reports
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit, Healthcheck
 from stackproof.judge import policy
@@ -24,12 +23,10 @@ from stackproof.measure.identity import NODE_NAME_ENV, node_name
 from stackproof.measure.topology import SURVEY_DEADLINE_S, NvmlUnavailable, nvidia_gpus_on_bus
 from stackproof.report import folders
 from stackproof.report.record import Report
-from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
 from stackproof.settings import node_name as settings_node_name
 from stackproof.tools import run_tool
 
-SCHEDULERS = {"slurm": slurm, "kubernetes": kubernetes}  # "none": decide and say, act on nothing
 # What makes a process a rank of someone else's job (torchrun's and srun's variables; run/dist.py reads
 # them): healthcheck is this node's launcher, whatever started it (a Prolog inherits the job's, srun sets them).
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
@@ -44,9 +41,6 @@ RECOUNT_SETTLE_S = 2.0
 CLAIM_ATTEMPTS = 8  # Kubernetes: compare-and-swap tries before the drain is withheld
 
 
-def _say(out: IO[str]):
-    return lambda text: print(f"# stackproof act: {text}", file=out, flush=True)
-
 
 def act(decision: decide.Decision, settings: ActConfig, out: IO[str], clock: deadline.Deadline | None = None,
         evidence: Path | None = None) -> tuple[decide.Decision, list[str]]:
@@ -56,7 +50,7 @@ def act(decision: decide.Decision, settings: ActConfig, out: IO[str], clock: dea
     (Kubernetes: verdict=incomplete). `evidence`: the reports root of a --keep-runs run (its `last-acted` link
     is moved to the run when a drain was done or withheld). (the decision as done, the failures)."""
     scheduler = SCHEDULERS.get(settings.scheduler or "")
-    say = _say(out)
+    say = say_to(out)
     if clock is not None:  # healthcheck: every scheduler call within what is left of its --deadline when it starts
         settings = _Timed(settings, clock)  # type: ignore[assignment]
     failures: list[str] = []
@@ -104,32 +98,18 @@ def _act_within_breaker(decision: decide.Decision, settings: ActConfig, schedule
     say(decision.summary())
     if scheduler is kubernetes and not decision.actions and settings.node:
         # Acted on nothing (the run did not complete, bad input, a stale report): an old `pass` must not stay.
-        _run_commands(settings.node, kubernetes.incomplete_commands(
+        run_commands(settings.node, kubernetes.incomplete_commands(
             settings.node, decide.fit(f"{decide.PREFIX} not judged: {decision.withheld}")), settings, say, failures)
     for action in decision.actions:
         if action.failed:
             say(action.words())
         if action.action == policy.ALERT:
             print(f"stackproof ALERT: {action.words()}", file=sys.stderr, flush=True)
-        _run_commands(action.node, scheduler.commands(action) if scheduler else [], settings, say, failures)
+        run_commands(action.node, scheduler.commands(action) if scheduler else [], settings, say, failures)
     if scheduler is slurm and decision.drains:
         decision = _recount(decision, settings, say, failures)
     return decision
 
-
-def _run_commands(node: str, commands: list[list[str]], settings: ActConfig, say, failures: list[str]) -> bool:
-    """Run one node's commands in order; False (said, and added to `failures`) at the first that fails."""
-    scheduler = SCHEDULERS.get(settings.scheduler or "")
-    for argv in commands:
-        say(f"run: {shlex.join(argv)}")
-        try:
-            run_tool(f"act on {node}", argv, timeout_s=settings.act_timeout, error=tool.ActError,
-                     fix=f"{scheduler.FIX if scheduler else ''} (or raise --act-timeout)")
-        except tool.ActError as err:
-            failures.append(str(err))
-            say(f"FAILED: {err}")
-            return False  # this node's later commands build on this one; the next node is tried
-    return True
 
 
 def _count(settings: ActConfig, scheduler, targets: set[str]) -> breaker.Fleet:
@@ -212,7 +192,7 @@ def _recount(decision: decide.Decision, settings: ActConfig, say, failures: list
     why = (f"the re-count after draining found {len(fleet.drained)} of {len(fleet.pool)} nodes out of service, "
            f"{', '.join(past)} past --max-drained {settings.max_drained} in the order slurmctld took the drains "
            "(many nodes failing at once: more likely the image, the settings or the site); resumed")
-    undone = {n for n in past if _run_commands(n, [slurm.resume(n)], settings, say, failures)}
+    undone = {n for n in past if run_commands(n, [slurm.resume(n)], settings, say, failures)}
     return decision.hold_drains(why, undone) if undone else decision
 
 
@@ -336,7 +316,7 @@ def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO
             return resume.reprove(the_plan.validate, settings, the_plan.node, found, out)
         except ConfigError as err:
             return bad_input(err, out)
-    run_settings = _writable_reports(deadline.fit(the_plan.validate, settings), say)
+    run_settings = writable_reports(deadline.fit(the_plan.validate, settings), say)
     looks = watermark.snapshot(run_settings.health_state_dir, the_plan.node)  # the evidence's last looks
     started = time.time()
     try:  # the ranks end in time to be stopped, and act keeps its budget after them
@@ -364,17 +344,6 @@ def keep_evidence(done: decide.Decision, looks: dict[Path, bytes], state_dir: Pa
     said = f"could not be kept ({problem})" if problem else "kept for the next run (the last looks rewound)"
     say(f"evidence since the last look {said}: {'the drain was withheld' if held else 'nothing was acted on'}")
 
-
-def _writable_reports(validate_settings: ValidateConfig, say) -> ValidateConfig:
-    """A reports folder that cannot take the run (read-only, full) must not keep a broken node in service: the
-    run goes to a private folder instead, and says so."""
-    problem = settle.unwritable(validate_settings.reports_dir)
-    if problem is None:
-        return validate_settings
-    private = tempfile.mkdtemp(prefix="stackproof-healthcheck-")
-    say(f"the reports folder could not be written ({problem}): this run's report is in {private}; fix: make "
-        f"--reports {validate_settings.reports} writable, with room")
-    return dataclasses.replace(validate_settings, reports=private)
 
 
 def _contract(outcome: str, done: decide.Decision | None, out: IO[str], dry_run: bool = False) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from stackproof import files
 from stackproof.errors import ConfigError, StackproofError
+from stackproof.report import outputs
 from stackproof.run import local_ranks
 from stackproof.settings import Settings, at_least, option, seconds
 
@@ -44,9 +45,9 @@ class ParallelBench(Settings):
     timeout: float = option(900.0, "seconds one run (one mode) may take", metavar="S", check=seconds)
     output: str | None = option(None, "also write the results as JSON here (checked before the benchmark runs)",
                                 flag="-o", metavar="FILE",
-                                check=files.output_problem("benchmark's results", "parallel.json"))
+                                check=outputs.output_problem("benchmark's results", "parallel.json"))
     plot: str | None = option(None, "also draw img/s and each GPU's peak memory per mode here (SVG)",
-                              metavar="FILE", check=files.output_problem("benchmark's plot", "parallel.svg"))
+                              metavar="FILE", check=outputs.output_problem("benchmark's plot", "parallel.svg"))
 
     def __post_init__(self) -> None:
         self.refuse(self.field_problems(), "stackproof bench parallel --help")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from stackproof import files
 from stackproof.errors import ConfigError, StackproofError
+from stackproof.report import outputs
 from stackproof.run import local_ranks
 from stackproof.settings import Settings, at_least, option, parse_counts, seconds
 
@@ -42,7 +43,7 @@ class ResnetBench(Settings):
     timeout: float = option(900.0, "seconds one run (one GPU count, one mode) may take", metavar="S", check=seconds)
     output: str | None = option(None, "also write the results as JSON here (checked before the benchmark runs)",
                                 flag="-o", metavar="FILE",
-                                check=files.output_problem("benchmark's results", "resnet.json"))
+                                check=outputs.output_problem("benchmark's results", "resnet.json"))
 
     def __post_init__(self) -> None:
         problems = self.field_problems()

@@ -384,5 +384,5 @@ def write(paths: list[Path], output: Path, references: list[Path] = ()) -> tuple
                           f"none that does; fix: name the folders validate wrote (its --reports)")
     runs = [load(path) for path in paths if path not in missing]
     text = render(runs, [(path.name, nccl_tests.read(path)) for path in references], missing)
-    files.write_text(output, text)  # into a folder that exists (files.output_file): none is made
+    files.write_text(output, text)  # into a folder that exists (outputs.output_file): none is made
     return output, missing
