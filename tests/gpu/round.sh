@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # On one GPU host, from the repository root, in one call: this round's proofs on the GPU, each kept under OUT.
-#   tests/gpu/round.sh OUT COMMIT
+#   tests/gpu/round.sh OUT COMMIT [PART...]     # PART: 1-6, default all (a call of the device tool lasts 10 min)
 # 1. the acceptance run (scripts/gpu-acceptance.sh) of the tree, headed by COMMIT;
 # 2. where a healthcheck's time goes, cold and warm (benchmarks/startup.py), and the idle warm agent under NVML;
 # 3. a rank hung in a CUDA kernel, patched in from outside (tests/fault_plugins/torch_faults.py), under
 #    scripts/slurm/healthcheck.sh's defaults as a dry run: named and taken out within the deadline;
 # 4. two healthchecks started together: one judges, the other says one is running;
 # 5. counter faults (NVML patched beneath stackproof) still red in the healthcheck;
-# 6. the transformer-era checks under boundary faults (tests/gpu/kernels.sh, when present).
+# 6. the transformer-era checks under boundary faults (tests/fault_plugins/prove_training.sh), bench parallel.
 set -u
 OUT=${1:?usage: round.sh OUT COMMIT}
 COMMIT=${2:-unknown}
+shift 2
+PARTS=" ${*:-1 2 3 4 5 6} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+T=$(mktemp -d); mkdir "$T/plugin"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 log=$OUT/round.txt
@@ -23,37 +27,41 @@ timed() {  # NAME CMD...: run, time, keep the log, say the exit and the last ver
     say "$name: exit $rc, $((SECONDS - start)) s; $(grep -hE 'healthcheck:|stackproof act:|# Verdict' "$OUT/$name.log" | tail -n 2 | tr '\n' ' ' | cut -c1-400)"
 }
 
+if part 1; then
 say "## 1. acceptance"
 ACCEPT_COMMIT=$COMMIT scripts/gpu-acceptance.sh "$OUT/acc" >/dev/null 2>&1
 say "acceptance exit $?"; cat "$OUT/acc/summary.txt" >>"$log"
-
+fi
+if part 2; then
 say "## 2. start-up, cold and warm"
 timed startup python3 benchmarks/startup.py --runs 3 --out "$OUT/startup-healthcheck.txt" -- healthcheck --scheduler none
 cat "$OUT/startup-healthcheck.txt" >>"$log" 2>/dev/null
-
+fi
+if part 3; then
 say "## 3. a rank hung in a CUDA kernel under healthcheck.sh's defaults (dry run)"
-T=$(mktemp -d); mkdir "$T/plugin"
 printf 'import torch_faults\ntorch_faults.install(["kernel-hangs"], rank=0)\n' >"$T/plugin/injected_faults.py"
 timed hang env STACKPROOF_HEALTHCHECK_CONF=/nonexistent STACKPROOF_HEALTHCHECK_REPORTS="$T/r" STACKPROOF_PYTHON=python3 \
     STACKPROOF_REPO="$PWD" PYTHONPATH="$T/plugin:$PWD/tests/fault_plugins" PYTEST_PLUGINS=injected_faults \
     SLURMD_NODENAME=h200 bash scripts/slurm/healthcheck.sh --scheduler none
 grep -h "GPU hang\|stackproof act:\|healthcheck:" "$T/r/h200/healthcheck.log" >>"$log" 2>/dev/null
 cp -r "$T/r" "$OUT/hang-reports" 2>/dev/null
-
+fi
+if part 4; then
 say "## 4. two healthchecks at once"
 for i in 1 2; do python3 -m stackproof healthcheck --scheduler none --node h200 --reports "$T/two" >"$OUT/two$i.log" 2>&1 & done
 wait
 grep -h "healthcheck:" "$OUT"/two?.log >>"$log"
-
+fi
+if part 5; then
 say "## 5. counter faults in the healthcheck (NVML patched beneath stackproof)"
 for fault in pcie-replays sbe-312k power-60; do
     timed "hc-$fault" env NVML_FAULT=$fault PYTHONPATH="$PWD/tests/nvml_faults:$PWD" \
         python3 -m stackproof healthcheck --scheduler none --node h200 --reports "$OUT/hc-$fault"
 done
-
-if [ -x tests/gpu/kernels.sh ]; then
-    say "## 6. the transformer-era checks under boundary faults"
-    tests/gpu/kernels.sh "$OUT/kernels" >>"$log" 2>&1
-    say "kernels exit $?"
+fi
+if part 6; then
+say "## 6. the transformer-era checks under boundary faults, and bench parallel"
+SKIP_TIERS=1 bash tests/fault_plugins/prove_training.sh "$OUT/kernels" >>"$log" 2>&1
+say "prove_training exit $?"
 fi
 say "## done"
