@@ -115,7 +115,8 @@ def idle_agent(socket_path: str, pid: int) -> str:
     """What the idle agent holds: CUDA (its own answer) and GPUs (NVML's list of each GPU's processes)."""
     state = warm.status(socket_path)
     words = (f"# idle warm agent (pid {pid}): CUDA initialised in it: {'YES' if state['cuda_initialized'] else 'no'}, "
-             f"CUDA driver (libcuda) loaded: {'YES' if state['cuda_driver_loaded'] else 'no'}")
+             f"CUDA driver (libcuda) initialised: {'YES' if state['cuda_driver_initialised'] else 'no'} (mapped: "
+             f"{'yes' if state['cuda_driver_loaded'] else 'no'})")
     try:
         from stackproof.act.hardware import gpu_use
 

@@ -31,7 +31,7 @@ def test_optimizer_step_equals_the_reference(name, form, dist_env, report):
             raise
         pytest.skip(f"torch {torch.__version__} has no fused {name} on {device.type}: "
                     f"{str(err).strip().splitlines()[0][:300]}")
-    worst, where = optimizers.worst_ratio(name, params, grads, found)
+    worst, where = optimizers.worst_ratio(name, form, params, grads, found)
     report.figure("worst_error_over_tolerance", round(worst, 3))
     if not worst <= 1:
         finding = software.known_answer(

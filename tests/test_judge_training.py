@@ -79,3 +79,17 @@ def test_attention_verdict_tells_a_reading_from_a_wrong_answer():
     assert attention.seq_lengths(128) == (256, 193)
     none = attention.judge([attention.Reading(case, error="No viable backend for scaled_dot_product_attention")])
     assert not none.ran and not none.wrong
+
+
+def test_the_attention_cases_cover_every_pair_of_settings_at_a_fraction_of_the_product():
+    from stackproof.judge import attention
+
+    dims = (("float16", "bfloat16"), (64, 128, 256), (256, 193), (False, True))
+    chosen = attention.cases(*dims[:3])
+    rows = [(c.dtype, c.head_dim, c.seq, c.causal) for c in chosen]
+    for i in range(4):
+        for j in range(i + 1, 4):
+            for a in dims[i]:
+                for b in dims[j]:
+                    assert any(r[i] == a and r[j] == b for r in rows), (i, a, j, b)
+    assert len(chosen) <= 8 < 24

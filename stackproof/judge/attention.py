@@ -33,7 +33,23 @@ class Case:
 
 
 def cases(dtypes: tuple[str, ...], head_dims: tuple[int, ...], seqs: tuple[int, ...]) -> list[Case]:
-    return [Case(dtype, d, s, causal) for dtype in dtypes for d in head_dims for s in seqs for causal in (False, True)]
+    """Every pair of values of (dtype, head size, length, mask) in some case, not every combination: a backend
+    picks its kernel per shape and dtype, and a pairwise cover meets each such pairing at a quarter of the cost
+    (on one H200 the cuDNN backend built a plan per case: 24 cases took 27.7 s). Greedy, in the full product's
+    order: the case that covers the most pairs not yet covered, until none is left."""
+    every = [Case(dtype, d, s, causal) for dtype in dtypes for d in head_dims for s in seqs for causal in (False, True)]
+
+    def pairs(case: Case) -> set[tuple]:
+        values = list(enumerate((case.dtype, case.head_dim, case.seq, case.causal)))
+        return {(a, b) for i, a in enumerate(values) for b in values[i + 1:]}
+
+    left = set().union(*(pairs(case) for case in every))
+    chosen = []
+    while left:
+        best = max(every, key=lambda case: len(pairs(case) & left))
+        chosen.append(best)
+        left -= pairs(best)
+    return chosen
 
 
 def seq_lengths(tile: int) -> tuple[int, int]:

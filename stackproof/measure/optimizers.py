@@ -33,13 +33,13 @@ def step(name: str, form: str, params: list[torch.Tensor], grads: list[list[torc
     return [p.detach().cpu() for p in live]
 
 
-def worst_ratio(name: str, params, grads, found) -> tuple[float, int]:
+def worst_ratio(name: str, form: str, params, grads, found) -> tuple[float, int]:
     """The largest |found - reference| / bound over every element, and the parameter it is in."""
     eps = torch.finfo(torch.float32).eps
     worst, where = 0.0, 0
     for index, (p, got) in enumerate(zip(params, found, strict=True)):
         want, moved = judged.reference(name, p.double(), [g[index].double() for g in grads])
-        ratio = float(((got.double() - want).abs() / judged.bound(want.abs(), moved, eps)).max())
+        ratio = float(((got.double() - want).abs() / judged.bound(want.abs(), moved, eps, form=form)).max())
         if not ratio <= worst:
             worst, where = ratio, index
     return worst, where

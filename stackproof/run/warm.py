@@ -22,7 +22,8 @@ The protocol, one JSON object per line; one connection per rank:
     <- {"exit": code}                 (when the rank has exited; -N: killed by signal N, as subprocess says)
 A connection closed before the rank exits (the launcher died) makes the agent kill the rank's process group;
 the agent dying kills its ranks (PR_SET_PDEATHSIG), and the launcher reads that as their exit by SIGKILL.
-    -> {"op": "status"}   <- {"pid", "cuda_initialized", "cuda_driver_loaded", "ranks": [pids], "same": {...}}
+    -> {"op": "status"}   <- {"pid", "cuda_initialized", "cuda_driver_loaded", "cuda_driver_initialised",
+                              "ranks": [pids], "same": {...}}
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ SOCKET_ENV = "STACKPROOF_WARM_SOCKET"  # read as ValidateConfig.warm_socket's (r
 # when idle, and a fork takes milliseconds.
 ANSWER_TIMEOUT_S = 5.0
 PR_SET_PDEATHSIG = 1
+CUDA_ERROR_NOT_INITIALIZED = 3  # cuda.h's CUresult
 # What a warm rank has loaded before its first check: what a cold rank imports (stackproof.cli and, through the
 # worker, torch, torch.distributed and pytest), and what the suite's collection of the fast tier adds.
 PRELOAD = ("stackproof.cli", "stackproof.run.launcher", "stackproof.run.worker", "stackproof.report.metrics",
@@ -67,13 +69,28 @@ def sameness() -> dict[str, str]:
 
 
 def cuda_driver_loaded() -> bool:
-    """Whether this process has loaded the CUDA driver (libcuda): torch's import does not, any CUDA call does,
-    even one that makes no context (cudaGetDeviceCount, torch.cuda.is_available), and a fork after it is broken."""
+    """Whether this process has mapped the CUDA driver library (libcuda). A torch build may map it at import
+    without initialising it; what breaks a fork is the initialisation (cuda_driver_initialised)."""
     try:
         with open("/proc/self/maps") as maps:
             return any("libcuda.so" in line for line in maps)
     except OSError:
         return False
+
+
+def cuda_driver_initialised() -> bool:
+    """Whether this process initialised the CUDA driver (cuInit, which any CUDA call makes, even one that makes no
+    context, such as cudaGetDeviceCount or torch.cuda.is_available): a fork after it is broken. Asked of the
+    library already mapped (RTLD_NOLOAD: none is loaded here): cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED
+    before cuInit and initialises nothing. A library that cannot be asked counts as initialised."""
+    if not cuda_driver_loaded():
+        return False
+    try:
+        driver = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+        context = ctypes.c_void_p()
+        return driver.cuCtxGetCurrent(ctypes.byref(context)) != CUDA_ERROR_NOT_INITIALIZED
+    except (OSError, AttributeError):
+        return True
 
 
 # ---------------------------------------------------------------------------------------------------------- agent
@@ -96,7 +113,7 @@ class Agent:
             __import__(name)
         import torch
 
-        if torch.cuda.is_initialized() or cuda_driver_loaded():  # the forks would share CUDA's state: never
+        if torch.cuda.is_initialized() or cuda_driver_initialised():  # the forks would share CUDA's state: never
             raise ConfigError("CUDA was initialised in the warm agent while it loaded torch and stackproof (by a "
                               "sitecustomize, a .pth file or a library on its PYTHONPATH), so its ranks cannot be "
                               "forked from it; fix: start it from an environment that does not touch CUDA at import")
@@ -190,6 +207,7 @@ class Agent:
 
             _send(conn, {"pid": os.getpid(), "cuda_initialized": torch.cuda.is_initialized(),
                          "cuda_driver_loaded": cuda_driver_loaded(),
+                         "cuda_driver_initialised": cuda_driver_initialised(),
                          "ranks": sorted(self.ranks), "same": self.same,
                          "unwritable": self._unwritable(request.get("writable", []))})
             return
