@@ -68,7 +68,7 @@ def test_gpus_the_scheduler_allocated_without_the_nvidia_runtime_alert_and_stay(
 def test_bad_input_keeps_the_node_in_service(tmp_path):
     proc = _healthcheck(tmp_path, "--expect-gpus", "-1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "--expect-gpus" in proc.stdout and "this node stays in service; exit 0" in proc.stdout
+    assert "--expect-gpus" in proc.stdout + proc.stderr and "this node stays in service; exit 0" in proc.stdout
 
 
 def test_the_tools_own_failure_keeps_the_node_in_service(tmp_path):
