@@ -318,17 +318,17 @@ def test_spec_command_writes_a_spec_and_refuses_to_overwrite_a_report(tmp_path):
     assert json.loads(disguised.read_text())["schema"] == "stackproof.report/2"
 
 
-def test_validate_spec_on_cpu_is_not_ok_and_its_report_makes_no_spec(tmp_path):
-    """A CPU host validated --spec could not be held to it: the run is not OK (exit 4, naming the check),
-    never a PASS. And a real CPU run's report has no GPU facts to make a spec from."""
+def test_validate_spec_on_cpu_cannot_judge_it_says_so_and_its_report_makes_no_spec(tmp_path):
+    """A CPU run cannot hold a node to a spec of GPUs: the check needs a GPU (its declaration), so the run does not
+    promise it and says why it skipped (issue 33: a configuration that cannot run a check does not promise it).
+    And a real CPU run's report has no GPU facts to make a spec from."""
     assert stackproof("spec", FIXTURE, "-o", tmp_path / "spec.json").returncode == 0
     proc, report = validate(tmp_path, "--expect-gpus", "0", "--nproc", "1", "--spec", tmp_path / "spec.json",
                             "-k", "dev_shm or node_spec")
-    assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-3000:]
-    assert report["promise"]["not_judged"] == ["node_spec::matches_the_spec: skipped: needs a CUDA GPU; this run "
-                                               "is on CPU (gloo)"]
-    assert "not judged: node_spec::matches_the_spec" in report["message"]
-    assert report["checks"][0]["outcome"] == "passed"  # dev_shm: judged, but the promise is not kept
+    assert proc.returncode == Exit.OK, proc.stdout[-3000:]
+    spec_check = next(c for c in report["checks"] if c["name"] == "node_spec::matches_the_spec")
+    assert spec_check["outcome"] == "skipped" and spec_check["message"] == "needs a CUDA GPU; this run is on CPU (gloo)"
+    assert not any("matches_the_spec" in nodeid for nodeid in report["promised"])
     refused = stackproof("spec", tmp_path / "reports", "-o", tmp_path / "again.json")
     assert refused.returncode == Exit.USAGE and "Traceback" not in refused.stderr
     assert "field 'tables.per_gpu_facts': expected each GPU's facts" in refused.stderr

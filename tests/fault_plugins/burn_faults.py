@@ -18,7 +18,10 @@ import time
 import torch
 import torch.distributed as dist
 
-CPU_PAUSE_S = 0.1  # sag-after on a CPU rank: each product held back this long (its rate falls 100-fold and more)
+# sag-after on a CPU rank: each product held back SAG_FACTOR - 1 times its own time, and at least CPU_PAUSE_S: its rate
+# falls 10-fold whatever the host's load (a fixed pause made it fall only 4-fold once a loaded CI host had slowed
+# the products, inside --burn-sag 0.8).
+CPU_PAUSE_S, SAG_FACTOR = 0.1, 10
 STARTED: list[float] = []  # the soak's start on this rank, once its first check is set up
 FAULTS: dict = {}
 
@@ -51,16 +54,17 @@ def _patch_matmul(spoil) -> None:
 
     @functools.wraps(real)
     def matmul(a, b, *, out=None):
+        start = time.perf_counter()
         result = real(a, b, out=out) if out is not None else real(a, b)
         if out is not None and a.dim() == 2 and b.dim() == 2:
-            spoil(real, a, b, out)
+            spoil(real, a, b, out, time.perf_counter() - start)
         return result
     torch.matmul = matmul
 
 
 @fault("gemm-wrong-after")
 def _gemm_wrong_after(rank, after_s):
-    def spoil(_real, _a, _b, out):
+    def spoil(_real, _a, _b, out, _took):
         if _active(rank, after_s):
             out[1, 2] += 1
     _patch_matmul(spoil)
@@ -70,11 +74,11 @@ def _gemm_wrong_after(rank, after_s):
 def _sag_after(rank, after_s):
     scratch = {}
 
-    def spoil(real, a, b, out):
+    def spoil(real, a, b, out, took):
         if not _active(rank, after_s):
             return
         if not out.is_cuda:  # a CPU rank's rate varies with the host's load more than extra work would show
-            time.sleep(CPU_PAUSE_S)
+            time.sleep(max(CPU_PAUSE_S, (SAG_FACTOR - 1) * took))
             return
         extra = scratch.setdefault((out.shape, out.dtype, out.device), torch.empty_like(out))
         for _ in range(2):
