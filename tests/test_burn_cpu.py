@@ -48,7 +48,7 @@ def test_faults_after_seconds_of_load_name_the_rank_and_the_second(tmp_path):
     wrong = failed["burn::gemms_give_known_answers_throughout"]
     assert wrong["failed_ranks"] == [1], wrong
     found = {f["check"]: f for f in wrong["findings"]}
-    # Right for 3 s from the first check's set-up (the soak starts a little after it), then wrong.
+    # Right for 3 s from the soak's first product, then wrong.
     for dtype in ("bfloat16", "float16"):
         words = found[f"burn-in known-answer GEMM ({dtype})"]["found"]
         assert re.search(r"rows wrong \(first row 1\) at second [345] of 7", words), words

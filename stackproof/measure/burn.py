@@ -279,6 +279,8 @@ def soak(device: torch.device, plan: SoakPlan, sampler: Sampler,
     host_counts = torch.zeros(IN_FLIGHT + 1, 4, dtype=torch.int64, pin_memory=device.type == "cuda")
     pending: list[dict] = []
     second = {"flop": 0, "gemm_s": 0.0, "reasons": 0, "checked": 0, "wrong": 0, "memory_bytes": 0}
+    # A CPU rank computes as it queues: its batch has landed, and belongs to this second, not the next batch's.
+    ahead = IN_FLIGHT - 1 if device.type == "cuda" else 0
     start = time.monotonic()
     batch = 0
 
@@ -350,7 +352,7 @@ def soak(device: torch.device, plan: SoakPlan, sampler: Sampler,
             break
         pending.append(queue(batch))
         batch += 1
-        if len(pending) > IN_FLIGHT - 1:
+        if len(pending) > ahead:
             read_back(pending.pop(0))
     while pending:
         read_back(pending.pop(0))

@@ -1,7 +1,9 @@
 """Faults that appear only after a stretch of sustained load, installed from outside the suite for the burn-in
 tier: a test (or tests/fault_plugins/prove_burn.sh on a GPU machine) writes a one-line pytest plugin that does
-`from burn_faults import *` and calls install(); the clock starts when the first burn-in check is set up (the
-soak's start), so the fast tier's checks before it see a healthy machine.
+`from burn_faults import *` and calls install(). The clock starts at the soak's first product (the first 2-D
+torch.matmul into `out=` once the first burn-in check is set up; the thermal fault alone: at that set-up), so the
+fast tier's checks before it see a healthy machine and a slow set-up on a loaded host moves no fault into the
+soak's first sustained seconds.
 
   gemm-wrong-after   every 2-D torch.matmul into `out=` comes out wrong in one element: a GPU that computes
                      right while cool and wrong once hot
@@ -22,7 +24,7 @@ import torch.distributed as dist
 # falls 10-fold whatever the host's load (a fixed pause made it fall only 4-fold once a loaded CI host had slowed
 # the products, inside --burn-sag 0.8).
 CPU_PAUSE_S, SAG_FACTOR = 0.1, 10
-STARTED: list[float] = []  # the soak's start on this rank, once its first check is set up
+STARTED: list[float] = []  # on this rank: the first burn-in check's set-up, then the soak's first product
 FAULTS: dict = {}
 
 
@@ -46,7 +48,7 @@ def pytest_runtest_setup(item) -> None:
 
 def _active(rank: int, after_s: float) -> bool:
     mine = dist.get_rank() == rank if dist.is_initialized() else rank == 0
-    return mine and bool(STARTED) and time.monotonic() - STARTED[0] >= after_s
+    return mine and bool(STARTED) and time.monotonic() - STARTED[-1] >= after_s
 
 
 def _patch_matmul(spoil) -> None:
@@ -54,6 +56,8 @@ def _patch_matmul(spoil) -> None:
 
     @functools.wraps(real)
     def matmul(a, b, *, out=None):
+        if len(STARTED) == 1 and out is not None:
+            STARTED.append(time.monotonic())
         start = time.perf_counter()
         result = real(a, b, out=out) if out is not None else real(a, b)
         if out is not None and a.dim() == 2 and b.dim() == 2:
