@@ -92,7 +92,7 @@ def test_the_attention_cases_cover_every_pair_of_settings_at_a_fraction_of_the_p
             for a in dims[i]:
                 for b in dims[j]:
                     assert any(r[i] == a and r[j] == b for r in rows), (i, a, j, b)
-    assert len(chosen) <= 8 < 24
+    assert len(chosen) == 6 < 24  # the fewest: the 2 dtypes x 3 head sizes need 6 cases on their own
 
 
 def _float32_sum(terms) -> float:

@@ -85,8 +85,9 @@ def shards_problem(summaries: list[dict[str, int | bool]], size: int) -> str:
 def digest(tensors: Iterable[torch.Tensor]) -> str:
     """sha256 over the exact bytes: equal digests mean bit-identical tensors."""
     hasher = hashlib.sha256()
-    for tensor in tensors:
-        hasher.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    flat = [tensor.detach().reshape(-1).float() for tensor in tensors]
+    if flat:  # one copy to the host and no copy into bytes (ResNet-50's 100 MB: not 161 synchronised copies)
+        hasher.update(torch.cat([t.to(flat[0].device) for t in flat]).cpu().numpy())
     return hasher.hexdigest()[:16]
 
 
