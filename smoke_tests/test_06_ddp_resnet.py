@@ -1,6 +1,7 @@
 """End to end: torchvision ResNet-50 under DDP with a DistributedSampler over a synthetic dataset.
-AMP bf16 + channels_last on GPU; fp32 and small images on CPU so CI stays fast. And one DDP step against a
-single-process reference (a small BatchNorm network, ranks seeded apart): what every rank agrees on is right too."""
+AMP bf16 + channels_last on GPU (cuDNN's heuristic algorithms: autotuning is `stackproof bench resnet`'s); fp32
+and small images on CPU so CI stays fast. And one DDP step against a float64 reference on the CPU by formula (a
+small BatchNorm network, ranks seeded apart): what every rank agrees on is right too, kernels included."""
 
 import io
 import math
