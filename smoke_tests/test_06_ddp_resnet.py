@@ -170,7 +170,7 @@ def _off(found: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> tuple[
     """('' when every element of `found` is within `bound` of `want`, else the worst one in words; and the worst
     error / bound)."""
     error = (found.detach().cpu().double() - want.double()).abs()
-    ratio = float((error / bound).max()) if error.numel() else 0.0
+    ratio = float((error / bound.clamp(min=1e-300)).max()) if error.numel() else 0.0
     excess = error - bound
     if not (excess > 0).any():
         return "", ratio
@@ -188,15 +188,21 @@ def test_one_step_equals_a_single_process_reference(dist_env, report):
     rounding of the step."""
     report.classify("software-pins", "triage")
     rank, world, device = dist_env.rank, dist_env.world_size, dist_env.device
-    # float32 kernels, no TF32: the bound is float32's.
-    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False):
-        model = training.small_net(training.REFERENCE_SEED + rank).to(device)
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if dist_env.is_gpu else None)
-        start = training.small_net(training.REFERENCE_SEED).state_dict()  # rank 0's, rebuilt here
-        unsynced = [name for name, value in model.state_dict().items() if not torch.equal(value.cpu(), start[name])]
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=training.REFERENCE_LR)
-        images, labels = training.reference_shard(rank, world)
-        training.sgd_step(ddp, images.to(device), labels.to(device), optimizer)
+    # float32 kernels, no TF32 (convolutions nor the linear head's GEMM): the bound is float32's.
+    matmul_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False):
+            model = training.small_net(training.REFERENCE_SEED + rank).to(device)
+            ddp = DistributedDataParallel(model, device_ids=[device.index] if dist_env.is_gpu else None)
+            start = training.small_net(training.REFERENCE_SEED).state_dict()  # rank 0's, rebuilt here
+            unsynced = [name for name, value in model.state_dict().items()
+                        if not torch.equal(value.cpu(), start[name])]
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=training.REFERENCE_LR)
+            images, labels = training.reference_shard(rank, world)
+            training.sgd_step(ddp, images.to(device), labels.to(device), optimizer)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
     reference = training.reference_step(world)
     eps = torch.finfo(torch.float32).eps
     problems = [f"after DDP's start-up broadcast, {len(unsynced)} tensors still differ from rank 0's, first "
