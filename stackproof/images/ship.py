@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from stackproof.errors import ConfigError, StackproofError
-from stackproof.images import bake, sbom
+from stackproof.images import bake, registry, sbom
 from stackproof.images.locks import VALIDATION_LOCK, lock_digest
 from stackproof.images.matrix import NAMESPACE, Image, Matrix, load_matrix
 from stackproof.tools import run_tool
@@ -101,10 +101,15 @@ def _insecure(repository: str) -> bool:
 
 
 def skopeo_inspect(reference: str, template: str) -> str:
+    """What skopeo reads of `reference` in the registry; registry.NoSuchImage when the registry answers that it
+    holds none, registry.RegistryUnreachable when no registry answers."""
     tls = ["--tls-verify=false"] if _insecure(reference) else []
-    return _run(f"skopeo inspect {reference}", ["skopeo", "inspect", *tls, "--format", template,
-                                                f"docker://{reference}"],
-                "check the reference and that the registry answers (make push first?)").strip()
+    try:
+        return _run(f"skopeo inspect {reference}", ["skopeo", "inspect", *tls, "--format", template,
+                                                    f"docker://{reference}"],
+                    "check the reference and that the registry answers (make push first?)").strip()
+    except ShipError as err:
+        raise registry.classify(reference, err.said) or err from None
 
 
 def digest_of(reference: str) -> str:
@@ -128,10 +133,8 @@ def _existing_digest(reference: str) -> str | None:
     """The digest a tag names in the registry, or None when the registry has no such tag (MANIFEST_UNKNOWN)."""
     try:
         return digest_of(reference)
-    except ShipError as err:
-        if "manifest unknown" in str(err).lower():
-            return None
-        raise
+    except registry.NoSuchImage:
+        return None
 
 
 def push(item: Shipped, docker: str = "docker") -> dict:
