@@ -147,6 +147,15 @@ def attest(reports: Path, image_ref: str | None, key: Path, spec: str | None = N
                           "test-gpu sets from the image's RepoDigest), found none; fix: pass --image "
                           "REPO@sha256:... (the digest make push printed) or --image REPO:TAG")
     given = f"--image {ref}" if image_ref else f"the run's --image-ref {ref}"
+    recorded = _split(ran_in)[2] if ran_in else None
+
+    def ran_there(digest: str | None) -> None:  # a result is about the image it ran in, never another
+        if recorded and digest and digest != recorded:
+            raise ConfigError(f"--image {ref}: expected the digest the run ran in ({recorded}, its --image-ref "
+                              f"{ran_in}), found {digest}; fix: attest the image the run ran in (--image "
+                              f"{ran_in}), or validate this image and attest that run")
+
+    ran_there(_split(ref)[2])  # before asking the registry: the reference's own digest says it
     try:
         image = resolve(ref)  # an unreachable registry is its failure, exit 1: nothing is wrong with the input
     except registry.NoSuchImage as err:
@@ -155,11 +164,7 @@ def attest(reports: Path, image_ref: str | None, key: Path, spec: str | None = N
     except DigestMismatch as err:
         raise ConfigError(f"{given}: expected the digest its tag names, found {err} (the tag moved); fix: attest "
                           "the digest the run ran in alone (REPO@sha256:...)") from None
-    recorded = _split(ran_in)[2] if ran_in else None
-    if recorded and image.digest != recorded:  # a result is about the image it ran in, never another
-        raise ConfigError(f"--image {ref}: expected the digest the run ran in ({recorded}, its --image-ref "
-                          f"{ran_in}), found {image.digest}; fix: attest the image the run ran in (--image {ran_in}), "
-                          "or validate this image and attest that run")
+    ran_there(image.digest)
     cosign.require_pinned_version()
     now = datetime.datetime.now(datetime.timezone.utc)
     made, node = predicate(data, image, now, spec, baseline)
