@@ -19,11 +19,12 @@ from pathlib import Path
 
 import oci_support
 import pytest
+from image_support import IMAGE
 from test_attest import _cli
 from test_registry import registry_prefix
 
 from stackproof.errors import Exit
-from stackproof.images import attest
+from stackproof.images import attest, ship
 
 pytestmark = [pytest.mark.registry]
 
@@ -168,5 +169,52 @@ def test_verify_image_tells_an_unreachable_registry_from_an_image_it_does_not_ho
     assert exit_code == Exit.FAILED, line
     reason = start.format(port=silent_port, host=registry.split("/", 1)[0])
     assert line.startswith(f"stackproof verify-image: refused {reference}: {reason}"), line
+    for word in words:
+        assert word in line, line
+
+
+# --- make sign / make verify (stackproof/images/ship.py): the same keys and registries, the same lines -----------
+
+def _ship(capsys, *argv: str) -> tuple[int, str]:
+    code = ship.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize("case, key, password, code, words", [
+    ("the public key", "open.pub", "", Exit.USAGE, ["expected a cosign private key", "PUBLIC KEY"]),
+    ("a wrong password", "locked.key", "not it", Exit.USAGE, ["expected the password that opens it"]),
+    ("a missing key", "missing.key", "", Exit.USAGE, ["expected a cosign key file", "found no such file"]),
+])
+def test_make_sign_refuses_a_key_it_cannot_sign_with_in_one_line(registry, keys, capsys, tmp_path, monkeypatch,
+                                                                  case, key, password, code, words):
+    """make sign's first step, on a stand-in pushed under the immutable tag make push gives the default image."""
+    revision = "1" * 40
+    item = ship.plan(IMAGE, registry, revision)[0]
+    oci_support.push(oci_support.layout(tmp_path / "oci", f"sign {uuid.uuid4()}"), item.tags[1])
+    monkeypatch.setenv("COSIGN_PASSWORD", password)
+    path = keys.get(key, keys["open.key"].with_name(key))
+    exit_code, said = _ship(capsys, "sign", "--registry", registry, "--revision", revision, "--key", str(path))
+    line = _one_line(said)
+    assert exit_code == code and line.startswith(f"error: --key {path}: "), line
+    for word in words:
+        assert word in line, line
+
+
+@pytest.mark.parametrize("case, code, words", [
+    ("the private key", Exit.USAGE, ["error: --key ", "expected a cosign public key", "ENCRYPTED SIGSTORE PRIVATE"]),
+    ("no registry listens", Exit.FAILED, ["to answer, found no answer (", "connection refused"]),
+    ("no such tag", Exit.FAILED, ["expected an image the registry ", "found none (the registry: ",
+                                  "manifest unknown"]),
+])
+def test_make_verify_says_which_of_key_registry_and_image_is_wrong(image, keys, silent_port, capsys, case, code,
+                                                                    words):
+    reference, key = {"the private key": (image["tag"], keys["open.key"]),
+                      "no registry listens": (f"127.0.0.1:{silent_port}/stackproof/standin:errors", keys["open.pub"]),
+                      "no such tag": (f"{image['repository']}:never-pushed", keys["open.pub"])}[case]
+    exit_code, said = _ship(capsys, "verify", "--registry", image["repository"].rsplit("/", 1)[0], "--key", str(key),
+                            "--reference", reference)
+    line = _one_line(said)
+    assert exit_code == code, line
     for word in words:
         assert word in line, line

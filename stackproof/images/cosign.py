@@ -47,7 +47,7 @@ def require_pinned_version() -> str:
     return found
 
 
-def _env(password: str | None) -> dict[str, str]:
+def password_env(password: str | None) -> dict[str, str]:
     # cosign reads the key's password from COSIGN_PASSWORD; an empty one is a valid choice for CI keys.
     given = password if password is not None else os.environ.get("COSIGN_PASSWORD", "")
     return {**os.environ, "COSIGN_PASSWORD": given}
@@ -90,7 +90,7 @@ def attest(reference: str, predicate: Path, predicate_type: str, key: Path, pass
     try:
         _run(f"attest {reference}", ["cosign", "attest", "--key", str(key), "--tlog-upload=false", "--yes", "--type",
                                      predicate_type, "--predicate", str(predicate), reference],
-             "check that the registry takes pushes", env=_env(password))
+             "check that the registry takes pushes", env=password_env(password))
     except CosignError as err:
         raise refused(err, reference, key, private=True) from None
 

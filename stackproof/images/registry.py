@@ -54,8 +54,9 @@ def _detail(said: str, phrase: str) -> str:
     without Go's nesting of everything before it."""
     lowered = said.lower()
     end = lowered.index(phrase) + len(phrase)
-    start = max(lowered.rfind(mark, 0, end - len(phrase)) for mark in ('": ', "; ", "| ", "msg="))
-    clause = said[start:end].lstrip('"|;: ').removeprefix("msg=").strip('" ')
+    start = max(0, *(lowered.rfind(mark, 0, end - len(phrase)) for mark in ('": ', "; ", "| ", "\n", "msg=",
+                                                                              "error: ")))
+    clause = said[start:end].lstrip('"|;: \n').removeprefix("msg=").removeprefix("Error: ").strip('" ')
     return re.sub(r"\s+", " ", clause) or phrase
 
 
