@@ -73,6 +73,17 @@ def silent_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture
+def mute_port(monkeypatch):
+    """A loopback port that takes connections (the kernel's backlog) and never answers; skopeo's wait for a
+    manifest cut to 2 s (ship.INSPECT_TIMEOUT_S), so the test does not wait a minute."""
+    monkeypatch.setattr(ship, "INSPECT_TIMEOUT_S", 2)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield sock.getsockname()[1]
+
+
 def _one_line(said: str) -> str:
     lines = said.strip().splitlines()
     assert len(lines) == 1, said
@@ -218,3 +229,14 @@ def test_make_verify_says_which_of_key_registry_and_image_is_wrong(image, keys, 
     assert exit_code == code, line
     for word in words:
         assert word in line, line
+
+
+def test_a_registry_that_never_answers_is_unreachable_not_a_missing_image(keys, mute_port, capsys):
+    reference = f"127.0.0.1:{mute_port}/stackproof/standin:errors"
+    exit_code, said = _cli(capsys, "verify-image", reference, "--key", str(keys["open.pub"]), "--node-class",
+                           CPU_CLASS)
+    line = _one_line(said)
+    assert exit_code == Exit.FAILED, line
+    assert line.startswith(f"stackproof verify-image: refused {reference}: registry unreachable: expected the "
+                           f"registry 127.0.0.1:{mute_port} to answer, found no answer ("), line
+    assert "context deadline exceeded" in line, line

@@ -30,6 +30,9 @@ from stackproof.tools import run_tool
 
 PUSH_TIMEOUT_S = 3600
 TOOL_TIMEOUT_S = 300
+# skopeo inspect reads one manifest: a registry that takes the connection and does not answer in this long is
+# unreachable (skopeo's --command-timeout: it says "context deadline exceeded"), well before TOOL_TIMEOUT_S.
+INSPECT_TIMEOUT_S = 60
 # cosign attest --type: the predicate type recorded for the SBOM attestation.
 SBOM_PREDICATE = "cyclonedx"
 # Tag characters per the OCI distribution spec; at most 128.
@@ -104,8 +107,8 @@ def skopeo_inspect(reference: str, template: str) -> str:
     holds none, registry.RegistryUnreachable when no registry answers."""
     tls = ["--tls-verify=false"] if _insecure(reference) else []
     try:
-        return _run(f"skopeo inspect {reference}", ["skopeo", "inspect", *tls, "--format", template,
-                                                    f"docker://{reference}"],
+        return _run(f"skopeo inspect {reference}", ["skopeo", "--command-timeout", f"{INSPECT_TIMEOUT_S}s", "inspect",
+                                                    *tls, "--format", template, f"docker://{reference}"],
                     "check the reference and that the registry answers (make push first?)").strip()
     except ShipError as err:
         raise registry.classify(reference, err.said) or err from None
