@@ -21,6 +21,7 @@ import pytest
 
 from stackproof.errors import Exit, Healthcheck
 from stackproof.run import warm
+from stackproof.run.phases import RUN_PHASES
 
 TAKEN_OUT = int(Healthcheck.TAKEN_OUT)
 REPO = Path(__file__).resolve().parents[1]
