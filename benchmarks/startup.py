@@ -138,6 +138,60 @@ def idle_agent(socket_path: str, pid: int) -> str:
             f"({len(use)} GPU(s); their processes: {[list(u.pids) for u in use]})")
 
 
+# One rank's way out, apart: a process that did what a fast-tier rank does to its GPU (CUDA's context, the memory
+# test's allocations given back, 512 MiB of pinned host memory, a process group with a communicator) and then
+# tears the process group down or not, and leaves with os._exit, as a rank does. It prints when it starts
+# leaving; the parent times the rest (the kernel's and the driver's teardown) until the process is gone.
+EXIT_PROBE = """
+import datetime, json, os, sys, time
+import torch
+import torch.distributed as dist
+from stackproof.measure import memtest
+destroy = sys.argv[1] == "destroy"
+gpu = torch.cuda.is_available()
+device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+if gpu:
+    torch.cuda.set_device(device)
+    memtest.run(device, 1)
+pinned = torch.empty(512 << 20, dtype=torch.uint8, pin_memory=gpu)
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
+dist.init_process_group("nccl" if gpu else "gloo", store=store, rank=0, world_size=1,
+                        device_id=device if gpu else None)
+dist.all_reduce(torch.ones(1, device=device))
+if gpu:
+    torch.cuda.synchronize()
+began = time.time()
+if destroy:
+    dist.destroy_process_group()
+print(json.dumps({"destroy_s": time.time() - began if destroy else None, "leaving": time.time(),
+                  "backend": "nccl" if gpu else "gloo"}), flush=True)
+os._exit(0)
+"""
+
+
+def exit_costs(timeout_s: float) -> list[str]:
+    """What a rank's way out costs on this machine: NCCL's destroy, and the process's own exit after it or
+    without it (the fast exit's way)."""
+    lines = []
+    for how in ("destroy", "exit"):
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        proc = subprocess.Popen([sys.executable, "-c", EXIT_PROBE, how], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": path})
+        said = proc.stdout.readline() if proc.stdout else ""
+        proc.wait(timeout=timeout_s)
+        gone = time.time()
+        try:
+            probe = json.loads(said)
+        except ValueError:
+            lines.append(f"# exit probe ({how}): failed (exit {proc.returncode}): {said.strip()[:200]}")
+            continue
+        destroyed = "" if probe["destroy_s"] is None else f"destroy_process_group {probe['destroy_s']:.2f} s, then "
+        lines.append(f"# a rank's way out ({probe['backend']}, {'with' if how == 'destroy' else 'without'} the "
+                     f"process group's teardown): {destroyed}os._exit until the process is gone "
+                     f"{gone - probe['leaving']:.2f} s")
+    return lines
+
+
 def drop_caches() -> str:
     """Empty the kernel's page cache (root only), so the cold run reads torch's libraries from disk."""
     os.sync()
@@ -178,6 +232,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     parser.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
+    parser.add_argument("--exit-costs", action="store_true",
+                        help="also time a rank's way out apart: NCCL's destroy, the process's exit with and without it")
     parser.add_argument("args", nargs="*", help="stackproof's command and flags (default: validate --tier fast)")
     options = parser.parse_args(argv)
     args = options.args or ["validate", "--tier", "fast"]
@@ -208,6 +264,8 @@ def main(argv: list[str]) -> int:
     summary = ", ".join(f"{mode} {columns[name]['exit']:.2f} s" for mode in modes
                         for name in (f"{mode} med", mode) if name in columns and columns[name].get("exit") is not None)
     notes.append(f"# the command's exit: {summary}")
+    if options.exit_costs:
+        notes += exit_costs(options.timeout)
     text = f"{table(columns)}\n" + "\n".join(notes)
     print(text, flush=True)
     if options.out:
