@@ -192,6 +192,28 @@ def exit_costs(timeout_s: float) -> list[str]:
     return lines
 
 
+def nvml_session_costs(times: int = 5) -> str:
+    """What one NVML session (nvmlInit, nvmlShutdown) of a check costs alone, and with NVML held open beside it
+    (run/readings.py holds it for the rank's life)."""
+    from stackproof.measure import topology
+
+    def sessions() -> float:
+        began = time.perf_counter()
+        for _ in range(times):
+            with topology.nvml_session():
+                pass
+        return (time.perf_counter() - began) / times
+
+    try:
+        alone = sessions()
+        with topology.nvml_session():
+            held = sessions()
+    except topology.NvmlUnavailable as err:
+        return f"# an NVML session: {err}"
+    return (f"# an NVML session (init + shutdown), mean of {times}: {alone * 1e3:.1f} ms alone, {held * 1e3:.1f} ms "
+            "with NVML held")
+
+
 def drop_caches() -> str:
     """Empty the kernel's page cache (root only), so the cold run reads torch's libraries from disk."""
     os.sync()
@@ -233,7 +255,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     parser.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
     parser.add_argument("--exit-costs", action="store_true",
-                        help="also time a rank's way out apart: NCCL's destroy, the process's exit with and without it")
+                        help="also time a rank's way out apart (NCCL's destroy, the process's exit with and without "
+                             "it) and an NVML session alone and with NVML held")
     parser.add_argument("args", nargs="*", help="stackproof's command and flags (default: validate --tier fast)")
     options = parser.parse_args(argv)
     args = options.args or ["validate", "--tier", "fast"]
@@ -265,7 +288,7 @@ def main(argv: list[str]) -> int:
                         for name in (f"{mode} med", mode) if name in columns and columns[name].get("exit") is not None)
     notes.append(f"# the command's exit: {summary}")
     if options.exit_costs:
-        notes += exit_costs(options.timeout)
+        notes += [*exit_costs(options.timeout), nvml_session_costs()]
     text = f"{table(columns)}\n" + "\n".join(notes)
     print(text, flush=True)
     if options.out:
