@@ -262,3 +262,22 @@ def test_a_launcher_of_another_import_path_is_started_cold_and_told_why(tmp_path
     assert f"cold start: the warm agent at {agent.path} runs another pythonpath; fix: restart it from the " \
            "launcher's environment" in proc.stdout, proc.stdout[-3000:]
     assert not [s for s in _spied(tmp_path) if s["ppid"] == agent.proc.pid]
+
+
+def test_an_agent_of_another_protocol_is_not_asked_and_the_run_starts_cold(tmp_path):
+    """An agent started before an upgrade of the same checkout speaks the protocol it loaded (here the one before
+    the leaving pipe): the launcher starts cold, passing, and says to restart it."""
+    older = tmp_path / "older_protocol.py"
+    older.write_text("from stackproof.run import warm\nwarm.PROTOCOL = '1'\n")
+    old = Agent(tmp_path, _env(tmp_path, WARM_TEST_ALSO=str(older)))
+    try:
+        assert "listening on" in old.ready, old.ready + old.stop()
+        proc = subprocess.run([PYTHON, "-m", "stackproof", "validate", "--expect-gpus", "0", "--tier", "fast", "-k",
+                               "dev_shm", "--reports", str(tmp_path / "r")], cwd=tmp_path, text=True,
+                              env=_env(tmp_path, STACKPROOF_WARM_SOCKET=old.path), capture_output=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert f"cold start: the warm agent at {old.path} runs another protocol; fix: restart it" in proc.stdout, \
+            proc.stdout[-3000:]
+        assert not [s for s in _spied(tmp_path) if s["ppid"] == old.proc.pid]
+    finally:
+        old.stop()

@@ -53,6 +53,9 @@ SOCKET_ENV = "STACKPROOF_WARM_SOCKET"  # read as ValidateConfig.warm_socket's (r
 # How long the launcher waits for the agent's answer to a request before starting cold: it answers at once
 # when idle, and a fork takes milliseconds.
 ANSWER_TIMEOUT_S = 5.0
+# The protocol below, as launcher and agent must share it (2: a rank request may hand over the leaving pipe). An
+# agent started before an upgrade of the same checkout answers another one, and the launcher starts cold.
+PROTOCOL = "2"
 PR_SET_PDEATHSIG = 1
 CUDA_ERROR_NOT_INITIALIZED = 3  # cuda.h's CUresult
 # What a warm rank has loaded before its first check: what a cold rank imports (stackproof.cli and, through the
@@ -66,7 +69,7 @@ def sameness() -> dict[str, str]:
     import stackproof
 
     return {"python": os.path.realpath(sys.executable), "stackproof": str(Path(stackproof.__file__).resolve()),
-            "pythonpath": os.environ.get("PYTHONPATH", "")}
+            "pythonpath": os.environ.get("PYTHONPATH", ""), "protocol": PROTOCOL}
 
 
 def cuda_driver_loaded() -> bool:
