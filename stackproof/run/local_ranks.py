@@ -36,7 +36,8 @@ POLL_S = 0.05
 # memory given back) and bounds it.
 LEAVING_FD_ENV = "STACKPROOF_LEAVING_FD"
 # How long ranks that all said they are leaving may take to be gone before they are stopped (SIGKILL, then
-# KILL_WAIT_S): the kernel's and the driver's teardown of a healthy rank takes about a second.
+# KILL_WAIT_S): what is left is the kernel's and the driver's teardown of the process, well under this on a
+# healthy node (benchmarks/startup.py prints it: "records complete -> ranks gone").
 LEAVE_WAIT_S = KILL_GRACE_S
 
 
