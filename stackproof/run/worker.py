@@ -70,8 +70,9 @@ def run(settings: ValidateConfig) -> int:
     agreement, through the store), so nothing of the proof is left to lose. No process-group teardown: no
     collective is outstanding and no peer waits on this rank, and NCCL's destroy (a flush, then the
     communicators' and their threads' end; bounded to 1 s of the 1.3 s the exit took on an H200 at e3b2c64) frees
-    only what the exit frees anyway; nor the interpreter's own exit (torch's objects, atexit, finalizers). The launcher is told the rank leaves (with its
-    exit code) and bounds what the kernel's and the driver's teardown of the process still take."""
+    only what the exit frees anyway; nor the interpreter's own exit (torch's objects, atexit, finalizers). The
+    launcher is told the rank leaves (with its exit code) and bounds what the kernel's and the driver's teardown
+    of the process still take."""
     local_ranks.take_leaving_fd()  # before any check: no process the rank starts sees it
     code = _run(settings)
     sys.stdout.flush()
