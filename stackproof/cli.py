@@ -17,13 +17,14 @@ from stackproof.errors import HEALTHCHECK_EXIT_HELP, ConfigError, Exit, Stackpro
 from stackproof.report import outputs
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV, RUN_ENDS_ENV
+from stackproof.run.local_ranks import LEAVING_FD_ENV
 from stackproof.settings import argument, parse_seconds, parse_signal
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
 ENVIRONMENT_HELP = ("environment: " + ", ".join(f"{name} (as {flag})" for name, flag in
                                                 ValidateConfig.environment().items())
-                    + f"; a flag given wins. {LAUNCHED_ENV} and {RUN_ENDS_ENV} (when it stops them) are set by the "
-                    "launcher that starts the ranks.")
+                    + f"; a flag given wins. {LAUNCHED_ENV}, {RUN_ENDS_ENV} (when it stops them) and {LEAVING_FD_ENV} "
+                    "(where a rank says it leaves) are set by the launcher that starts the ranks.")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -28,7 +28,7 @@ from stackproof.measure import identity, pins
 from stackproof.report import outputs
 from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
-from stackproof.run import faults, phases, smoke_tests_dir
+from stackproof.run import faults, phases, readings, smoke_tests_dir
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import launcher_started, run_ends
 from stackproof.run.watchdog import CheckWatchdog
@@ -55,6 +55,8 @@ ERROR_KEY = pytest.StashKey[tuple | None]()
 IDENTITY_KEY = pytest.StashKey[identity.RankIdentity]()
 # How far along the run is: the checks started, and the module of the last one.
 PROGRESS_KEY = pytest.StashKey[list]()
+# Readings taken beside the rank's start-up (run/readings.py): NVML held open, the GPU inventory.
+READINGS_KEY = pytest.StashKey[readings.Early]()
 
 
 class Handover:
@@ -131,6 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash.setdefault(STDOUT_KEY, sys.stdout)
     config.stash.setdefault(LAUNCHED_KEY, False)
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
+    config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # meanwhile: CUDA's context, the world
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout)
     config.stash[REPORT_KEY] = report = Report(settings=settings.to_json())
     mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None,
@@ -228,6 +231,12 @@ def dist_env(request: pytest.FixtureRequest) -> sp_dist.DistEnv:
 @pytest.fixture(scope="session")
 def settings(request: pytest.FixtureRequest) -> ValidateConfig:
     return request.config.stash[SETTINGS_KEY]
+
+
+@pytest.fixture(scope="session")
+def early_readings(request: pytest.FixtureRequest) -> readings.Early:
+    """What this rank read beside its start-up (run/readings.py); a check waits for what it needs, bounded."""
+    return request.config.stash[READINGS_KEY]
 
 
 @pytest.fixture
@@ -447,6 +456,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    early = config.stash.get(READINGS_KEY, None)
+    if early is not None and not config.stash.get(WORKER_KEY, False):
+        early.close()
     report = config.stash.get(REPORT_KEY, None)
     if report and report.override and report.exit_code == Exit.INCOMPLETE:
         # A peer is hung or dead: tearing the process group down could block on it. Leave now;
