@@ -43,14 +43,18 @@ def registry() -> str:
     return registry_prefix("attest")
 
 
+def key_pairs(folder: Path, passwords: dict[str, str]) -> dict[str, Path]:
+    """A real cosign key pair per prefix, with its password: {'<prefix>.key': path, '<prefix>.pub': path, ...}."""
+    for prefix, password in passwords.items():
+        subprocess.run(["cosign", "generate-key-pair", "--output-key-prefix", prefix], cwd=folder, check=True,
+                       env={**os.environ, "COSIGN_PASSWORD": password}, capture_output=True, timeout=60)
+    return {f"{prefix}.{end}": folder / f"{prefix}.{end}" for prefix in passwords for end in ("key", "pub")}
+
+
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory) -> dict[str, Path]:
     """Two cosign key pairs (empty password): the trusted one and another."""
-    folder = tmp_path_factory.mktemp("cosign")
-    for prefix in ("trusted", "other"):
-        subprocess.run(["cosign", "generate-key-pair", "--output-key-prefix", prefix], cwd=folder, check=True,
-                       env={**os.environ, "COSIGN_PASSWORD": ""}, capture_output=True, timeout=60)
-    return {name: folder / name for name in ("trusted.key", "trusted.pub", "other.key", "other.pub")}
+    return key_pairs(tmp_path_factory.mktemp("cosign"), {"trusted": "", "other": ""})
 
 
 def _validate(reports: Path, *args: str) -> subprocess.CompletedProcess:

@@ -10,17 +10,15 @@ STACKPROOF_REQUIRE_REGISTRY=1 (CI).
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-import subprocess
 import uuid
 from pathlib import Path
 
 import oci_support
 import pytest
 from image_support import IMAGE
-from test_attest import _cli
+from test_attest import _cli, key_pairs
 from test_registry import registry_prefix
 
 from stackproof.errors import Exit
@@ -42,11 +40,8 @@ def registry() -> str:
 def keys(tmp_path_factory) -> dict[str, Path]:
     """A key pair without a password, one with PASSWORD, and a file that is no key."""
     folder = tmp_path_factory.mktemp("cosign")
-    for prefix, password in (("open", ""), ("locked", PASSWORD)):
-        subprocess.run(["cosign", "generate-key-pair", "--output-key-prefix", prefix], cwd=folder, check=True,
-                       env={**os.environ, "COSIGN_PASSWORD": password}, capture_output=True, timeout=60)
     (folder / "notes.txt").write_text("not a key\n")
-    return {path.name: path for path in folder.iterdir()}
+    return {**key_pairs(folder, {"open": "", "locked": PASSWORD}), "notes.txt": folder / "notes.txt"}
 
 
 @pytest.fixture(scope="module")
