@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stackproof import environment
 from stackproof.errors import ConfigError, StackproofError
 from stackproof.images import bake, sbom
 from stackproof.images.locks import VALIDATION_LOCK, lock_digest
@@ -166,7 +167,7 @@ def push(item: Shipped, docker: str = "docker") -> dict:
 def _cosign_env(key_password: str | None) -> dict[str, str]:
     # cosign reads the key's password from COSIGN_PASSWORD; an empty one is a valid choice for CI keys.
     return {**os.environ, "COSIGN_PASSWORD": key_password if key_password is not None
-            else os.environ.get("COSIGN_PASSWORD", "")}
+            else environment.COSIGN_PASSWORD.get()}
 
 
 def sign(item: Shipped, key: Path, key_password: str | None = None) -> dict:
