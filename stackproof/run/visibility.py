@@ -69,7 +69,7 @@ def why_no_gpu(expected: int, why: str) -> Finding:
 def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], findings: list[Finding],
               write_report: bool = True, **context) -> Report:
     """The record of a run that ends before its ranks: its findings, on this node; the verdict, then the path."""
-    node = settings.node_name or identity.node_name()
+    node = settings.node_name or identity.node_name(environment.current())
     report = Report(override=(code, message), complete=True, settings=settings.to_json(),
                     findings=[f.at(node=node) for f in findings])
     report.context.update(context)
