@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 
@@ -24,7 +25,7 @@ from stackproof.judge.findings import Finding
 from stackproof.measure import pins, topology
 from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
-from stackproof.run import early_cuda, local_ranks, phases, settle, warm
+from stackproof.run import local_ranks, phases, settle, warm
 from stackproof.run.config import NODE_NAME_ENV, ValidateConfig
 from stackproof.run.deadline import Deadline
 from stackproof.run.launch_env import (
@@ -71,7 +72,8 @@ def validate(settings: ValidateConfig) -> int:
         world = dict(env)
         adopt_slurm_env(world)
         environment.export(world)  # torch.distributed's env:// reads RANK, WORLD_SIZE, MASTER_ADDR ... there
-        early_cuda.start(int(environment.LOCAL_RANK.get(world)))  # meanwhile:
+        threading.Thread(target=_early_cuda_context, args=(int(environment.LOCAL_RANK.get(world)),),
+                         name="stackproof-early-cuda", daemon=True).start()  # meanwhile:
         from stackproof.run import worker  # imports torch
 
         return worker.run(settings, world)
@@ -189,6 +191,21 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def _early_cuda_context(local_rank: int) -> None:
+    """A rank's CUDA context, created while the rank imports torch: `import torch` takes seconds and needs no GPU,
+    creating the context takes most of a second and needs no torch. The context made here through the driver API
+    is the device's primary context, the one the CUDA runtime (torch) uses, so torch.cuda.set_device later finds
+    it ready. Best effort: whatever fails here, torch's own initialisation meets again, and reports."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return  # no driver here: torch sees no GPU, and the run says so
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    # ctypes releases the GIL during each call: the import goes on meanwhile. Any error code: leave it to torch.
+    if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), local_rank) == 0:
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
 
 
 def gpus_without_nvml() -> int:
