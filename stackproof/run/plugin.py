@@ -240,12 +240,6 @@ def settings(request: pytest.FixtureRequest) -> ValidateConfig:
 
 
 @pytest.fixture(scope="session")
-def node_name(request: pytest.FixtureRequest) -> str:
-    """This node's name as the run resolved it (--node-name, else the scheduler's, else the host's)."""
-    return request.config.stash[IDENTITY_KEY].node
-
-
-@pytest.fixture(scope="session")
 def nccl_log(request: pytest.FixtureRequest) -> str | None:
     """This rank's NCCL log file (the worker's pattern with NCCL's %h and %p filled in), or None: no log."""
     from stackproof.measure import bandwidth
