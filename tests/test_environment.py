@@ -24,20 +24,21 @@ def reads(source: str) -> list[str]:
         parent = parents.get(node)
         if isinstance(parent, ast.keyword) and parent.arg == "env":
             return True
-        if isinstance(parent, ast.Dict) and any(k is None and v is node for k, v in zip(parent.keys, parent.values)):
+        if isinstance(parent, ast.Dict) and any(k is None and v is node
+                                                for k, v in zip(parent.keys, parent.values, strict=True)):
             return True
         if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "dict" \
                 and parent.args == [node] and not parent.keywords:
             return True
         return isinstance(parent, ast.Attribute) and parent.attr == "copy" and isinstance(parents.get(parent), ast.Call)
 
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "os" and any(a.name in ACCESS for a in node.names):
-            found.append(node)
-        elif isinstance(node, ast.Attribute) and node.attr in ACCESS and isinstance(node.value, ast.Name) \
-                and node.value.id in os_names and not (node.attr == "environ" and handed_on(node)):
-            found.append(node)
+    def read(node: ast.AST) -> bool:
+        if isinstance(node, ast.ImportFrom):
+            return node.module == "os" and any(a.name in ACCESS for a in node.names)
+        return isinstance(node, ast.Attribute) and node.attr in ACCESS and isinstance(node.value, ast.Name) \
+            and node.value.id in os_names and not (node.attr == "environ" and handed_on(node))
+
+    found = [node for node in ast.walk(tree) if read(node)]
     return [f"{node.lineno}: {ast.get_source_segment(source, node)}"
             for node in sorted(found, key=lambda n: (n.lineno, n.col_offset))]
 
