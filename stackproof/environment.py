@@ -49,6 +49,11 @@ def export(values: Mapping[str, str], *, keep_set: bool = False) -> None:
             os.environ[name] = value
 
 
+def forget(*names: str) -> dict[str, str]:
+    """Take these variables out of this process's environment (no child of it sees them); the values they had."""
+    return {name: os.environ.pop(name) for name in names if name in os.environ}
+
+
 def replace(values: Mapping[str, str]) -> None:
     """Become a process with exactly this environment (a warm agent's fork takes on the rank's)."""
     os.environ.clear()
