@@ -1,23 +1,25 @@
-"""Where a validation run's wall time goes, cold and warm side by side: start, imports, CUDA init, process-group
-init, checks, teardown.
+"""Where a validation run's wall time goes, cold, warm and with the warm agent side by side, in one call: start,
+imports, CUDA init, process-group init, checks, the ranks' exit.
 
-    python benchmarks/startup.py                              # validate --tier fast: 3 cold, 3 warm runs
-    python benchmarks/startup.py --runs 2 -- healthcheck --scheduler none
-    python benchmarks/startup.py --modes cold -- validate     # the full tier, cold only
+    python benchmarks/startup.py                              # validate --tier fast: 1 cold, 3 warm, 3 agent runs
+    python benchmarks/startup.py --drop-caches -- healthcheck --scheduler none    # what issue 35's targets read
+    python benchmarks/startup.py --modes warm -- validate     # the full tier, warm only
 
 Runs `python -m stackproof ARGS --reports TMP` and prints one row per phase, in seconds since the command
 started: what the terminal showed (the header line, the verdict line, the exit) and what the run recorded in
 report.json's context["phases"] (epoch times: the launcher's start and its ranks' start, each rank's torch import,
-CUDA init, process group, then the checks and the ranks' exit; the slowest rank's time for per-rank phases), plus
-the sum of the checks' own durations. `cold`: with --cold, each rank imports torch; `warm`: the ranks are forked
-by a warm agent (stackproof warm-agent, started here on a private socket from this environment; its own start-up
-is printed, not counted). After the warm runs the idle agent is asked whether CUDA is initialised in it, and NVML
-whether it holds any GPU. Figures, not a test: the targets (issue 35: healthcheck <= 5 s warm on one H200) are
-read here, never asserted in CI.
+CUDA init, process group, then the checks, every rank's record complete (ranks_done: the last rank said it
+leaves) and every rank's process gone (ranks_exited: the kernel's and the driver's teardown included); the slowest
+rank's time for per-rank phases), plus the sum of the checks' own durations and each check's. `cold`: the call's
+first run, each rank importing torch (after emptying the page cache with --drop-caches, as root); `warm`: the
+runs after it, the same way; `agent`: the ranks are forked by a warm agent (stackproof warm-agent, started here on
+a private socket from this environment; its own start-up is printed, not counted). After the agent's runs the
+idle agent is asked whether CUDA is initialised in it, and NVML whether it holds any GPU. Figures, not a test:
+the targets (issue 35, healthcheck on one H200: <= 7 s cold, <= 5 s warm, <= 3 s with the agent) are read here,
+never asserted in CI.
 
-Measured on 1 x H200 (warm, torch 2.11, medians of 3): validate --tier fast 7.5 s (23.3 s with torchrun's agent and
-the launcher importing torch), healthcheck --scheduler none 7.8 s (24.6 s); the ranks' import of torch is 3.4-4.4 s
-of it, the checks 1.3 s. The full tier: 28 s warm (47 s before).
+Measured on 1 x H200 (torch 2.11, e3b2c64, medians of 3): healthcheck --scheduler none 9.39 s without the agent
+(torch imported at 3.69 s), 5.71 s with it (torch at 0.55 s); the checks 2.6 s, the ranks' exit after them 1.3 s.
 """
 
 from __future__ import annotations
@@ -44,8 +46,12 @@ from stackproof.run.phases import RANK_PHASES, RUN_PHASES  # noqa: E402
 
 # The rows, in the order a run passes them: what the terminal showed, and what report.json recorded.
 ORDER = ("launcher_started", "header", *RANK_PHASES, "checks_started", "first_table_line", "checks_done",
-         "ranks_exited", "verdict", "exit")
-MODES = ("cold", "warm")
+         "ranks_done", "ranks_exited", "verdict", "exit")
+# cold: the call's first run without the agent (after dropping the page cache when --drop-caches may); warm: the
+# runs after it, still without the agent (each rank imports torch, from a warm page cache); agent: the ranks
+# forked by a warm agent.
+MODES = ("cold", "warm", "agent")
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 AGENT_START_S = 300.0
 
 
@@ -82,8 +88,12 @@ def one_run(args: list[str], timeout_s: float, extra: list[str]) -> dict[str, fl
     row: dict = {name: seen.get(name) for name in ORDER}
     row["exit code"] = rc
     row["checks (sum of their own seconds)"] = sum(c.get("duration_s", 0.0) for c in report.get("checks", []))
-    if seen.get("checks_done") is not None and seen.get("ranks_exited") is not None:
-        row["ranks' exit after the checks"] = seen["ranks_exited"] - seen["checks_done"]
+    for name, first, last in (("ranks' exit after the checks", "checks_done", "ranks_exited"),
+                              ("  checks done -> every record complete", "checks_done", "ranks_done"),
+                              ("  records complete -> ranks gone (teardown)", "ranks_done", "ranks_exited"),
+                              ("ranks gone -> the command's exit", "ranks_exited", "exit")):
+        if seen.get(first) is not None and seen.get(last) is not None:
+            row[name] = seen[last] - seen[first]
     for check in report.get("checks", []):
         row[f"  {check['name']}"] = check.get("duration_s")
     row["_how"] = started_how
@@ -128,6 +138,92 @@ def idle_agent(socket_path: str, pid: int) -> str:
             f"({len(use)} GPU(s); their processes: {[list(u.pids) for u in use]})")
 
 
+# One rank's way out, apart: a process that did what a fast-tier rank does to its GPU (CUDA's context, the memory
+# test's allocations given back, 512 MiB of pinned host memory, a process group with a communicator) and then
+# tears the process group down or not, and leaves with os._exit, as a rank does. It prints when it starts
+# leaving; the parent times the rest (the kernel's and the driver's teardown) until the process is gone.
+EXIT_PROBE = """
+import datetime, json, os, sys, time
+import torch
+import torch.distributed as dist
+from stackproof.measure import memtest
+destroy = sys.argv[1] == "destroy"
+gpu = torch.cuda.is_available()
+device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+if gpu:
+    torch.cuda.set_device(device)
+    memtest.run(device, 1)
+pinned = torch.empty(512 << 20, dtype=torch.uint8, pin_memory=gpu)
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
+dist.init_process_group("nccl" if gpu else "gloo", store=store, rank=0, world_size=1,
+                        device_id=device if gpu else None)
+dist.all_reduce(torch.ones(1, device=device))
+if gpu:
+    torch.cuda.synchronize()
+began = time.time()
+if destroy:
+    dist.destroy_process_group()
+print(json.dumps({"destroy_s": time.time() - began if destroy else None, "leaving": time.time(),
+                  "backend": "nccl" if gpu else "gloo"}), flush=True)
+os._exit(0)
+"""
+
+
+def exit_costs(timeout_s: float) -> list[str]:
+    """What a rank's way out costs on this machine: NCCL's destroy, and the process's own exit after it or
+    without it (the fast exit's way)."""
+    lines = []
+    for how in ("destroy", "exit"):
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        proc = subprocess.Popen([sys.executable, "-c", EXIT_PROBE, how], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": path})
+        said = proc.stdout.readline() if proc.stdout else ""
+        proc.wait(timeout=timeout_s)
+        gone = time.time()
+        try:
+            probe = json.loads(said)
+        except ValueError:
+            lines.append(f"# exit probe ({how}): failed (exit {proc.returncode}): {said.strip()[:200]}")
+            continue
+        destroyed = "" if probe["destroy_s"] is None else f"destroy_process_group {probe['destroy_s']:.2f} s, then "
+        lines.append(f"# a rank's way out ({probe['backend']}, {'with' if how == 'destroy' else 'without'} the "
+                     f"process group's teardown): {destroyed}os._exit until the process is gone "
+                     f"{gone - probe['leaving']:.2f} s")
+    return lines
+
+
+def nvml_session_costs(times: int = 5) -> str:
+    """What one NVML session (nvmlInit, nvmlShutdown) of a check costs alone, and with NVML held open beside it
+    (run/readings.py holds it for the rank's life)."""
+    from stackproof.measure import topology
+
+    def sessions() -> float:
+        began = time.perf_counter()
+        for _ in range(times):
+            with topology.nvml_session():
+                pass
+        return (time.perf_counter() - began) / times
+
+    try:
+        alone = sessions()
+        with topology.nvml_session():
+            held = sessions()
+    except topology.NvmlUnavailable as err:
+        return f"# an NVML session: {err}"
+    return (f"# an NVML session (init + shutdown), mean of {times}: {alone * 1e3:.1f} ms alone, {held * 1e3:.1f} ms "
+            "with NVML held")
+
+
+def drop_caches() -> str:
+    """Empty the kernel's page cache (root only), so the cold run reads torch's libraries from disk."""
+    os.sync()
+    try:
+        DROP_CACHES.write_text("3\n")
+    except OSError as err:
+        return f"the first run of this call; the page cache was NOT dropped ({err.strerror or err})"
+    return f"the first run of this call, after emptying the page cache ({DROP_CACHES})"
+
+
 def table(columns: dict[str, dict[str, float | None]]) -> str:
     names: list[str] = []
     for run in columns.values():
@@ -152,10 +248,15 @@ def medians(runs: list[dict]) -> dict[str, float | None]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3, help="runs of each mode")
+    parser.add_argument("--runs", type=int, default=3, help="runs of the warm and agent modes (cold: one)")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help=f"before the cold run, write 3 to {DROP_CACHES} (root only; said when refused)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     parser.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
+    parser.add_argument("--exit-costs", action="store_true",
+                        help="also time a rank's way out apart (NCCL's destroy, the process's exit with and without "
+                             "it) and an NVML session alone and with NVML held")
     parser.add_argument("args", nargs="*", help="stackproof's command and flags (default: validate --tier fast)")
     options = parser.parse_args(argv)
     args = options.args or ["validate", "--tier", "fast"]
@@ -167,6 +268,9 @@ def main(argv: list[str]) -> int:
     notes: list[str] = []
     for mode in modes:
         if mode == "cold":
+            notes.append(f"# cold: {drop_caches() if options.drop_caches else 'the first run of this call'}")
+            runs = [one_run(args, options.timeout, ["--cold"])]
+        elif mode == "warm":
             runs = [one_run(args, options.timeout, ["--cold"]) for _ in range(options.runs)]
         else:
             with tempfile.TemporaryDirectory(prefix="stackproof-warm-") as folder:
@@ -175,9 +279,16 @@ def main(argv: list[str]) -> int:
                     runs = [one_run(args, options.timeout, ["--warm-socket", path]) for _ in range(options.runs)]
                     notes.append(idle_agent(path, proc.pid))
         for i, run in enumerate(runs, 1):
-            columns[f"{mode} {i}"] = run
-            notes.append(f"# {mode} {i}: {run['_how'].removeprefix('# stackproof validate: ')}")
-        columns[f"{mode} med"] = medians(runs)
+            name = mode if len(runs) == 1 else f"{mode} {i}"
+            columns[name] = run
+            notes.append(f"# {name}: {run['_how'].removeprefix('# stackproof validate: ')}")
+        if len(runs) > 1:
+            columns[f"{mode} med"] = medians(runs)
+    summary = ", ".join(f"{mode} {columns[name]['exit']:.2f} s" for mode in modes
+                        for name in (f"{mode} med", mode) if name in columns and columns[name].get("exit") is not None)
+    notes.append(f"# the command's exit: {summary}")
+    if options.exit_costs:
+        notes += [*exit_costs(options.timeout), nvml_session_costs()]
     text = f"{table(columns)}\n" + "\n".join(notes)
     print(text, flush=True)
     if options.out:

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.check(FAST, Needs(gpu=True))
 
 
 @pytest.fixture(scope="module")
-def inventory(settings):
-    try:
-        return topology.inventory(settings.pci_devices)
+def inventory(settings, early_readings):
+    try:  # read beside the rank's start-up (run/readings.py), or here when that is late
+        return early_readings.inventory(settings.pci_devices)
     except topology.NvmlUnavailable as err:
         pytest.fail(f"torch sees a GPU but NVML does not: {err}; fix: run the container with "
                     "NVIDIA_DRIVER_CAPABILITIES including utility (stackproof images set compute,utility)")

@@ -243,7 +243,36 @@ def test_torchvision_ops(dist_env, report):
     _answer(report, library, "roi_align", "torchvision's CPU kernel's answer", roi_align)
 
 
-def test_device_side_errors_reach_python(dist_env, report):
+# The child ends by os._exit: once a device-side assert has poisoned its CUDA context, Python's own teardown
+# (freeing every tensor through the dead context) only adds time.
+_ASSERT_CHILD = ("import os, sys, torch\n"
+                 "try:\n"
+                 "    torch._assert_async(torch.tensor(False, device='cuda:{index}'))\n"
+                 "    torch.cuda.synchronize({index})\n"
+                 "except RuntimeError as err:\n"
+                 "    print(f'RuntimeError: {{err}}', file=sys.stderr, flush=True)\n"
+                 "    os._exit(3)\n"
+                 "os._exit(0)\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def assert_child(request, dist_env):
+    """On a GPU, the device-side assert's child process, started with this module's first check so that its
+    start-up (importing torch and making a CUDA context: ~3 s on an H200) runs beside the checks before its own;
+    None on a CPU or when that check is not selected. Ended (by its pid) if its check never waits for it."""
+    wanted = any(item.originalname == "test_device_side_errors_reach_python" for item in request.session.items)
+    if not (wanted and dist_env.device.type == "cuda"):
+        yield None
+        return
+    child = subprocess.Popen([sys.executable, "-c", _ASSERT_CHILD.format(index=dist_env.device.index)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield child
+    if child.poll() is None:
+        child.kill()
+        child.wait(timeout=ASSERT_TIMEOUT_S)
+
+
+def test_device_side_errors_reach_python(dist_env, report, assert_child):
     """torch._assert_async: a true condition passes; a false one raises in Python (on a GPU, a device-side
     assert: in a child process, since it poisons the CUDA context it happens in)."""
     device = dist_env.device
@@ -257,13 +286,16 @@ def test_device_side_errors_reach_python(dist_env, report):
             except RuntimeError:
                 return ""
             return "no error"
-        child = subprocess.run([sys.executable, "-c", (
-            f"import torch; torch._assert_async(torch.tensor(False, device='cuda:{device.index}')); "
-            f"torch.cuda.synchronize({device.index})")], capture_output=True, text=True, timeout=ASSERT_TIMEOUT_S)
-        said = child.stderr.strip().splitlines()
-        if child.returncode != 0 and "device-side assert" in child.stderr:
+        try:
+            _, stderr = assert_child.communicate(timeout=ASSERT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            assert_child.kill()
+            assert_child.communicate()
+            return f"the child process gave no answer in {ASSERT_TIMEOUT_S:g} s"
+        said = stderr.strip().splitlines()
+        if assert_child.returncode != 0 and "device-side assert" in stderr:
             return ""
-        return f"exit {child.returncode}: {said[-1][:300] if said else 'nothing on stderr'}"
+        return f"exit {assert_child.returncode}: {said[-1][:300] if said else 'nothing on stderr'}"
 
     _answer(report, f"CUDA {torch.version.cuda}" if device.type == "cuda" else "torch",
             "torch._assert_async(False)", "a RuntimeError naming a device-side assert", raised)

@@ -17,13 +17,14 @@ from stackproof.errors import HEALTHCHECK_EXIT_HELP, ConfigError, Exit, Stackpro
 from stackproof.report import outputs
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import LAUNCHED_ENV, RUN_ENDS_ENV
+from stackproof.run.local_ranks import LEAVING_FD_ENV
 from stackproof.settings import argument, parse_seconds, parse_signal
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{int(code)} {code.meaning}" for code in Exit)
 ENVIRONMENT_HELP = ("environment: " + ", ".join(f"{name} (as {flag})" for name, flag in
                                                 ValidateConfig.environment().items())
-                    + f"; a flag given wins. {LAUNCHED_ENV} and {RUN_ENDS_ENV} (when it stops them) are set by the "
-                    "launcher that starts the ranks.")
+                    + f"; a flag given wins. {LAUNCHED_ENV}, {RUN_ENDS_ENV} (when it stops them) and {LEAVING_FD_ENV} "
+                    "(where a rank says it leaves) are set by the launcher that starts the ranks.")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,8 +159,10 @@ def _attest_parsers(sub: argparse._SubParsersAction) -> None:
                                    f"signed {PREDICATE_TYPE} statement: PASSED or FAILED (a run that was not OK is "
                                    "attested FAILED), the node class, the stackproof version, the spec and baseline "
                                    "digests, the node, the time and the check names (docs/attest.md). Exit 0 "
-                                   "attested, 1 cosign or the registry failed, 2 bad input (no image digest, a "
-                                   "record that does not say its node class, cosign not the pinned version).")
+                                   "attested, 1 cosign or the registry failed (no registry answers), 2 bad input "
+                                   "(no image digest, an image the registry does not hold, a key cosign cannot "
+                                   "use or a wrong COSIGN_PASSWORD, a record that does not say its node class, "
+                                   "cosign not the pinned version).")
     AttestConfig.add_arguments(p)
     p = sub.add_parser("verify-image", help="exit 0 only when an image digest holds a signed PASSED result for "
                                             "this node class (else exit 1, one line saying what is missing)",
@@ -167,7 +170,8 @@ def _attest_parsers(sub: argparse._SubParsersAction) -> None:
                                    "shape) and decide here: the newest result for the node class must be PASSED, "
                                    "no older than --max-age. Exit 0 proven; 1 refused, with one line: no "
                                    "attestation, wrong key, wrong class, FAILED, too old, digest mismatch (a "
-                                   "REPO:TAG@sha256:... whose tag moved); 2 bad input (docs/attest.md).")
+                                   "REPO:TAG@sha256:... whose tag moved), no such image, registry unreachable; 2 "
+                                   "bad input (a key cosign cannot use; docs/attest.md).")
     p.add_argument("reference", metavar="REF", help="REPO:TAG, REPO@sha256:... or REPO:TAG@sha256:...")
     VerifyImageConfig.add_arguments(p)
     sub.add_parser("node-class", help="print this node's class (GPU model x count, driver, CUDA, NICs) as "

@@ -65,6 +65,8 @@ LAUNCHED = Variable("STACKPROOF_LAUNCHED", "set by whoever started the ranks and
                                            "launcher: its start, epoch seconds; scripts/torchrun, scripts/slurm: 1); "
                                            "a rank then exits 0 whenever its checks ran")
 RUN_ENDS = Variable("STACKPROOF_RUN_ENDS", "set by stackproof's launcher: when it stops the ranks (epoch seconds)")
+LEAVING_FD = Variable("STACKPROOF_LEAVING_FD", "set by stackproof's launcher: the write end of the pipe a rank says "
+                                              "it leaves on (run/local_ranks.py); taken out at the rank's start")
 NODE_NAME = Variable("STACKPROOF_NODE_NAME", "this node's name as the scheduler knows it (Kubernetes' downward API); "
                                              "--node-name's variable")
 REPORTS = Variable("STACKPROOF_REPORTS", "the reports folder; --reports' variable")

@@ -63,6 +63,7 @@ class StackproofError(Exception):
     """Base class; the CLI prints the message alone (no traceback) and exits with `exit_code`."""
 
     exit_code = Exit.FAILED
+    said = ""  # all that a failed tool printed (stackproof/tools.py), for a caller that tells failures apart
 
 
 class ConfigError(StackproofError):

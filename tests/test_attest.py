@@ -181,6 +181,7 @@ def test_verify_image_refuses_with_one_line_naming_what_is_missing(attested, ima
     lines = said.strip().splitlines()
     assert len(lines) == 1, said
     assert lines[0].startswith(f"stackproof verify-image: refused {argv[0]}: {reason}"), lines[0]
+    assert lines[0].count("fix:") == 1, lines[0]  # issue 36 item 7: wrong class: had none
     if case == "a FAILED result":
         assert "collectives::all_reduce[sum-float32]" in lines[0]
 
@@ -201,13 +202,13 @@ def test_a_moved_tag_fails_where_the_digest_still_passes(attested, images, keys,
     assert _cli(capsys, "verify-image", images["proven"]["pinned"], "--key", pub, "--node-class", CPU_CLASS)[0] == 0
 
 
-def test_attest_refuses_a_run_without_an_image_digest(runs, keys, capsys):
+def test_attest_refuses_a_run_without_an_image_digest(runs, keys, registry, capsys):
     code, said = _cli(capsys, "attest", "--reports", str(runs["passed"]), "--key", str(keys["trusted.key"]))
     assert code == 2, said
     assert "expected the image digest the run ran in" in said and "fix: pass --image REPO@sha256:" in said
     code, said = _cli(capsys, "attest", "--reports", str(runs["passed"]), "--key", str(keys["trusted.key"]),
-                      "--image", "127.0.0.1:5000/stackproof-attest-none/nothing:here")
-    assert code == 2 and "expected an image digest the registry holds" in said, said
+                      "--image", f"{registry}/nothing:here")
+    assert code == 2 and "expected an image digest the registry " in said and said.count("fix:") == 1, said
 
 
 def test_verdict_and_the_page_show_the_attestation(attested, runs, images, capsys, tmp_path):

@@ -170,6 +170,7 @@ echo "Error: PUT https://registry.example/v2/img1/manifests/sha256-1.att: 503 Se
 """)
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr(attest, "digest_of", lambda reference: D1)  # the registry holds it
     run = _run_in(tmp_path / "run", f"registry.example/img1@{D1}")
     signed = run / attest.PREDICATE_FILE
     signed.write_text('{"the": "predicate of the attest that succeeded"}\n')
@@ -193,30 +194,12 @@ def test_a_max_age_past_30_days_is_an_age_not_a_typo(given, monkeypatch):
         VerifyImageConfig(max_age=0.0)
 
 
-def test_a_missing_key_or_a_wrong_password_is_bad_input_in_one_line(tmp_path, monkeypatch):
-    """Issue 36 item 7: both exited 1 with cosign's many lines. cosign here is a program on PATH that answers
-    as cosign does when the password does not open the key."""
-    run = _run_in(tmp_path / "run", f"registry.example/img1@{D1}")
+def test_a_missing_key_is_bad_input_in_one_line(tmp_path):
+    """Issue 36 item 7: it exited 1 with cosign's many lines; now it is refused before cosign runs. A key cosign
+    cannot use and a wrong password: tests/test_attest_errors.py, with the real cosign."""
     for call in (lambda: cosign.attest(f"registry.example/img1@{D1}", tmp_path / "p.json", "t", tmp_path / "no.key"),
                  lambda: cosign.verify(f"registry.example/img1@{D1}", "t", tmp_path / "no.key", tmp_path / "p.cue")):
         with pytest.raises(ConfigError, match=r"--key .*no.key: expected a cosign key file .*found no such file") \
                 as err:
             call()
-        assert err.value.exit_code == 2 and "\n" not in str(err.value)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "cosign").write_text(f"""#!/bin/sh
-[ "$1" = version ] && {{ echo '{{"gitVersion": "v{cosign.COSIGN_VERSION}"}}'; exit 0; }}
-printf 'Error: signing registry.example/img1@{D1}:\\n' >&2
-printf '  getting signer: reading key: decrypt: encrypted: decryption failed\\n' >&2
-printf 'main.go:74: error during command execution\\n' >&2
-exit 1
-""")
-    (bin_dir / "cosign").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
-    (tmp_path / "cosign.key").write_text("an encrypted key\n")
-    with pytest.raises(ConfigError) as err:
-        attest.attest(run, None, tmp_path / "cosign.key")
-    said = str(err.value)
-    assert err.value.exit_code == 2 and "\n" not in said and said.count("fix:") == 1, said
-    assert "expected the password that opens it (COSIGN_PASSWORD)" in said
+        assert err.value.exit_code == 2 and "\n" not in str(err.value) and str(err.value).count("fix:") == 1

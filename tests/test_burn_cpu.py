@@ -56,4 +56,9 @@ def test_faults_after_seconds_of_load_name_the_rank_and_the_second(tmp_path):
     sag = [f for f in failed["burn::throughput_holds_over_time"]["findings"] if f["check"] == "burn-in throughput sag"]
     assert [f["rank"] for f in sag] == [0], sag
     assert re.search(r"below from second [3-7] of 7", sag[0]["found"]), sag[0]["found"]
-    assert "burn::memory_and_copies_hold_their_data" in checks(report, "passed")
+    # Memory and copies held on both ranks: no wrong word. The sagging rank 0 verifies a chunk only once it has
+    # passed over the whole buffer, which a loaded host's slowed batches may not reach: then that is what it says.
+    memory = {**checks(report, "passed"), **failed}["burn::memory_and_copies_hold_their_data"]
+    assert not memory.get("findings"), memory
+    if memory["outcome"] == "failed":
+        assert memory["failed_ranks"] == [0] and "before any memory chunk was verified" in memory["message"], memory

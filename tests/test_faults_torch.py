@@ -68,6 +68,10 @@ def test_compute_faults_are_caught_and_a_healthy_rank_stays_green(tmp_path):
                            "start-up broadcast"),  # rank 1 keeps its own seed's weights; its gradient spoils rank 0's
     ("ddp-divided-twice", "parameter 0.weight"),  # every rank agrees on half the mean: only the reference tells
     ("ddp-wrong-contribution", "parameter 0.weight"),  # rank 1's doubled gradient in every rank's mean
+    # Kernels wrong on every rank alike: the float64 reference by formula shares neither (the old reference ran
+    # the same F.conv2d / F.batch_norm in the same process and agreed with them).
+    ("conv-reads-a-neighbour", "parameter 0.weight"),
+    ("batch-norm-momentum-doubled", "buffer 1.running_mean"),  # the step is right, the buffers are not
 ])
 def test_ddp_faults_every_rank_may_agree_on_are_caught(tmp_path, fault, words):
     proc, report = validate_with_faults(tmp_path, [fault], "-k", "single_process_reference")

@@ -92,4 +92,64 @@ def test_the_attention_cases_cover_every_pair_of_settings_at_a_fraction_of_the_p
             for a in dims[i]:
                 for b in dims[j]:
                     assert any(r[i] == a and r[j] == b for r in rows), (i, a, j, b)
-    assert len(chosen) <= 8 < 24
+    assert len(chosen) == 6 < 24  # the fewest: the 2 dtypes x 3 head sizes need 6 cases on their own
+
+
+def _float32_sum(terms) -> float:
+    """The terms added one by one in float32 (the worst order for rounding error of the usual ones)."""
+    total = numpy.float32(0)
+    for term in terms.astype(numpy.float32):
+        total = numpy.float32(total + term)
+    return float(total)
+
+
+def _step(world: int, offset: float):
+    """Each rank's gradient a sum of 4096 terms (spread 1e-3 around `offset`), the reference step in float64 and
+    the same step as a float32 rank makes it (its sum, DDP's mean, the update): (found, want, magnitude, grads)."""
+    lr, param = 0.1, numpy.float32(0.25)
+    rng = numpy.random.default_rng(world)
+    shards = [(lambda t: t - t.mean() + offset)(rng.standard_normal(4096) * 1e-3) for _ in range(world)]
+    grads = [math.fsum(terms) for terms in shards]
+    want = float(param) - lr * math.fsum(grads) / world
+    magnitude = sum(float(numpy.abs(terms).sum()) for terms in shards) / world
+    mean32 = numpy.float32(sum(numpy.float32(_float32_sum(t) / world) for t in shards))
+    return float(numpy.float32(param - numpy.float32(lr) * mean32)), want, magnitude, grads
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ddp_step_bound_scales_with_the_gradients_terms_not_their_sum(world):
+    """A bias's gradient is a sum over batch and positions that cancels: its float32 error scales with the sum of
+    |terms|, not with |sum| (a bound from |want| failed a healthy run: 2.5e-10 against 2.1e-10). A rank's float32
+    sum of 4096 terms, DDP's mean and the step stay inside, where the old bound is 10x tighter; the ranks' sum
+    instead of their mean, one rank's gradient alone and a kernel 1e-3 off stay outside."""
+    eps, lr = float(numpy.finfo(numpy.float32).eps), 0.1
+    found, want, magnitude, grads = _step(world, offset=1e-9)  # cancels to ~4e-6
+    bound = recipe.ddp_step_bound(eps, world, lr, want, magnitude)
+    assert abs(found - want) <= bound
+    assert bound > 10 * (eps * abs(want) + lr * (world + 5) * eps * abs(math.fsum(grads) / world))
+
+    found, want, magnitude, grads = _step(world, offset=1e-4)  # a gradient that does not cancel away
+    bound = recipe.ddp_step_bound(eps, world, lr, want, magnitude)
+    assert abs(found - want) <= bound
+    wrongs = [0.25 - lr * math.fsum(grads), want - lr * 1e-3 * magnitude]  # summed; a kernel 1e-3 off
+    wrongs += [0.25 - lr * grads[0] / world] if world > 1 else []  # one rank's gradient only
+    for wrong in wrongs:
+        if world > 1 or wrong != wrongs[0]:  # on one rank the sum is the mean
+            assert abs(wrong - want) > bound, (wrong, want, bound)
+
+
+def test_running_stat_bound_holds_a_float32_mean_near_zero_and_catches_a_doubled_momentum():
+    eps, momentum = float(numpy.finfo(numpy.float32).eps), 0.1
+    values = numpy.random.default_rng(0).standard_normal(2048)
+    values -= values.mean()  # a mean near zero: all cancellation
+    want = momentum * math.fsum(values) / len(values)
+    magnitude = momentum * float(numpy.abs(values).mean())
+    found = float(numpy.float32(momentum) * numpy.float32(_float32_sum(values) / len(values)))
+    bound = recipe.running_stat_bound(eps, want, magnitude)
+    assert abs(found - want) <= bound
+    biased, unbiased = values.var(), values.var(ddof=1)  # the variance's buffer: 0.9 + 0.1 x the unbiased one
+    want_var = (1 - momentum) + momentum * unbiased
+    var_bound = recipe.running_stat_bound(eps, want_var, momentum * float((values ** 2).mean()) * 2048 / 2047)
+    assert abs((1 - momentum) + momentum * float(numpy.float32(unbiased)) - want_var) <= var_bound
+    assert abs((1 - momentum) + momentum * biased - want_var) > var_bound  # the biased variance shows
+    assert abs((1 - 2 * momentum) + 2 * momentum * unbiased - want_var) > var_bound  # so does a doubled momentum

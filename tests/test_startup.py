@@ -90,7 +90,7 @@ def test_the_launcher_starts_the_ranks_itself_without_torch_and_records_the_phas
     assert len(phases["ranks"]) == 2
     for rank in phases["ranks"]:
         times = [phases["launcher_started"], *(rank[name] for name in RANK_PHASES), phases["checks_started"],
-                 phases["checks_done"], phases["ranks_exited"]]
+                 phases["checks_done"], phases["ranks_done"], phases["ranks_exited"]]
         assert times == sorted(times), rank
     assert phases["checks_done"] - phases["launcher_started"] < 300
 
@@ -196,3 +196,33 @@ def test_ranks_that_refuse_their_input_make_it_bad_input_not_a_dead_rank(tmp_pat
     assert proc.returncode == Exit.USAGE, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "pytest rejected its arguments ('--no-such-pytest-option',)" in proc.stderr
     assert "# Verdict: FAILED (exit code 2: bad input" in proc.stdout
+
+
+# A rank whose record is complete says so, then its teardown hangs (as a driver's teardown of a CUDA context can),
+# with a child of its own holding on too.
+SAYS_IT_LEAVES_THEN_HANGS = textwrap.dedent("""
+    import os, subprocess, sys, time
+    from stackproof.run import local_ranks
+
+    local_ranks.take_leaving_fd()
+    assert local_ranks.LEAVING_FD_ENV not in os.environ  # no process the rank starts sees the launcher's fd
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]])
+    local_ranks.leaving(int(os.environ["RANK"]), int(sys.argv[2]))
+    time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("code", [Exit.OK, Exit.FAILED])
+def test_ranks_that_said_they_leave_are_stopped_when_their_teardown_hangs(tmp_path, monkeypatch, code):
+    """The launcher waits LEAVE_WAIT_S for ranks whose records are complete, then stops them and what they started,
+    keeping the exit code each said: a slow teardown is bounded, and nothing is left behind."""
+    marker = f"stackproof-leaving-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setattr(local_ranks, "LEAVE_WAIT_S", 1.0)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    begin = time.time()
+    outcome = local_ranks.run([sys.executable, "-c", SAYS_IT_LEAVES_THEN_HANGS, marker, str(int(code))], 2, env,
+                              120.0)
+    assert outcome.exit_code == code and not outcome.unkillable and not outcome.timed_out
+    assert [f["rank"] for f in outcome.failures] == ([] if code == Exit.OK else [0, 1])
+    assert begin < outcome.left["ranks_done"] < time.time()
+    assert _processes_with(marker) == []

@@ -21,6 +21,7 @@ import pytest
 
 from stackproof.errors import Exit, Healthcheck
 from stackproof.run import warm
+from stackproof.run.phases import RUN_PHASES
 
 TAKEN_OUT = int(Healthcheck.TAKEN_OUT)
 REPO = Path(__file__).resolve().parents[1]
@@ -131,8 +132,7 @@ def test_a_warm_healthcheck_reaches_the_cold_ones_verdict_and_record(tmp_path, a
     assert _evidence(warm_record) == _evidence(cold_record) and warm_record["checks"], _evidence(warm_record)
     for record in (warm_record, cold_record):
         assert record["complete"] and record["exit_code"] == Exit.FAILED and len(record["ranks"]) == 2
-        assert sorted(set(record["context"]["phases"])) == sorted(
-            {"launcher_started", "ranks", "checks_started", "checks_done", "ranks_exited"})
+        assert sorted(set(record["context"]["phases"])) == sorted({"launcher_started", "ranks", *RUN_PHASES})
     spied = _spied(tmp_path)
     forked = [s for s in spied if s["ppid"] == agent.proc.pid]
     assert sorted(s["rank"] for s in forked) == ["0", "1"] and all(s["torch"] for s in forked), spied
@@ -262,3 +262,22 @@ def test_a_launcher_of_another_import_path_is_started_cold_and_told_why(tmp_path
     assert f"cold start: the warm agent at {agent.path} runs another pythonpath; fix: restart it from the " \
            "launcher's environment" in proc.stdout, proc.stdout[-3000:]
     assert not [s for s in _spied(tmp_path) if s["ppid"] == agent.proc.pid]
+
+
+def test_an_agent_of_another_protocol_is_not_asked_and_the_run_starts_cold(tmp_path):
+    """An agent started before an upgrade of the same checkout speaks the protocol it loaded (here the one before
+    the leaving pipe): the launcher starts cold, passing, and says to restart it."""
+    older = tmp_path / "older_protocol.py"
+    older.write_text("from stackproof.run import warm\nwarm.PROTOCOL = '1'\n")
+    old = Agent(tmp_path, _env(tmp_path, WARM_TEST_ALSO=str(older)))
+    try:
+        assert "listening on" in old.ready, old.ready + old.stop()
+        proc = subprocess.run([PYTHON, "-m", "stackproof", "validate", "--expect-gpus", "0", "--tier", "fast", "-k",
+                               "dev_shm", "--reports", str(tmp_path / "r")], cwd=tmp_path, text=True,
+                              env=_env(tmp_path, STACKPROOF_WARM_SOCKET=old.path), capture_output=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert f"cold start: the warm agent at {old.path} runs another protocol; fix: restart it" in proc.stdout, \
+            proc.stdout[-3000:]
+        assert not [s for s in _spied(tmp_path) if s["ppid"] == old.proc.pid]
+    finally:
+        old.stop()

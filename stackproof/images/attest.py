@@ -20,8 +20,8 @@ from typing import Any
 
 from stackproof import __version__
 from stackproof.errors import ConfigError, Exit
-from stackproof.images import cosign
-from stackproof.images.ship import ShipError, digest_of
+from stackproof.images import cosign, registry
+from stackproof.images.ship import digest_of
 from stackproof.judge.node_class import NodeClass, differences, of_gpus, of_run
 from stackproof.measure import nics, topology
 from stackproof.report.attestation import RECORD_FILE, read_record, record_line, write_record
@@ -64,7 +64,9 @@ def _split(reference: str) -> tuple[str, str | None, str | None]:
 
 def resolve(reference: str) -> Image:
     """The digest a reference names in the registry: its own @sha256:... (checked against its tag, when it has
-    both: DigestMismatch when the tag moved), else what the registry says the tag names."""
+    both: DigestMismatch when the tag moved), else what the registry says the tag names. The registry is always
+    asked (cosign would attach to, and find nothing on, a digest it does not hold): registry.NoSuchImage, or
+    registry.RegistryUnreachable."""
     repository, tag, digest = _split(reference)
     if tag is None and digest is None:
         raise ConfigError(f"{reference}: expected REPO:TAG or REPO@sha256:..., found neither a tag nor a digest; fix: "
@@ -72,6 +74,8 @@ def resolve(reference: str) -> Image:
     tagged = digest_of(f"{repository}:{tag}") if tag else None
     if digest and tagged and tagged != digest:
         raise DigestMismatch(f"{repository}:{tag} now names {tagged}, not {digest}")
+    if digest and not tagged:
+        digest_of(f"{repository}@{digest}")  # held, or NoSuchImage
     return Image(repository, digest or str(tagged), tag)
 
 
@@ -142,16 +146,25 @@ def attest(reports: Path, image_ref: str | None, key: Path, spec: str | None = N
         raise ConfigError(f"{folder}: expected the image digest the run ran in (the run's --image-ref, which make "
                           "test-gpu sets from the image's RepoDigest), found none; fix: pass --image "
                           "REPO@sha256:... (the digest make push printed) or --image REPO:TAG")
-    try:
-        image = resolve(ref)
-    except (ShipError, DigestMismatch) as err:
-        raise ConfigError(f"--image {ref}: expected an image digest the registry holds, found: {err}; fix: push the "
-                          "image first (make push), or give its REPO@sha256:... from make push") from None
+    given = f"--image {ref}" if image_ref else f"the run's --image-ref {ref}"
     recorded = _split(ran_in)[2] if ran_in else None
-    if recorded and image.digest != recorded:  # a result is about the image it ran in, never another
-        raise ConfigError(f"--image {ref}: expected the digest the run ran in ({recorded}, its --image-ref "
-                          f"{ran_in}), found {image.digest}; fix: attest the image the run ran in (--image {ran_in}), "
-                          "or validate this image and attest that run")
+
+    def ran_there(digest: str | None) -> None:  # a result is about the image it ran in, never another
+        if recorded and digest and digest != recorded:
+            raise ConfigError(f"--image {ref}: expected the digest the run ran in ({recorded}, its --image-ref "
+                              f"{ran_in}), found {digest}; fix: attest the image the run ran in (--image "
+                              f"{ran_in}), or validate this image and attest that run")
+
+    ran_there(_split(ref)[2])  # before asking the registry: the reference's own digest says it
+    try:
+        image = resolve(ref)  # an unreachable registry is its failure, exit 1: nothing is wrong with the input
+    except registry.NoSuchImage as err:
+        raise ConfigError(f"{given}: expected an image digest the registry {registry.host(ref)} holds, found none "
+                          f"(the registry: {err.found}); fix: {err.fix}") from None
+    except DigestMismatch as err:
+        raise ConfigError(f"{given}: expected the digest its tag names, found {err} (the tag moved); fix: attest "
+                          "the digest the run ran in alone (REPO@sha256:...)") from None
+    ran_there(image.digest)
     cosign.require_pinned_version()
     now = datetime.datetime.now(datetime.timezone.utc)
     made, node = predicate(data, image, now, spec, baseline)
@@ -218,6 +231,15 @@ class Verdict:
                 "reason": self.reason, "attestations": [r.to_json() for r in self.found]}
 
 
+def _unregistered(err: registry.NoSuchImage | registry.RegistryUnreachable) -> str:
+    """verify-image's line when the registry holds no such image, or no registry answers: told apart."""
+    where = registry.host(err.reference)
+    if isinstance(err, registry.NoSuchImage):
+        return f"no such image: the registry {where} holds none ({err.found}); fix: {err.fix}"
+    return (f"registry unreachable: expected the registry {where} to answer, found no answer ({err.found}); "
+            f"fix: {err.fix}")
+
+
 def _age(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h" if seconds >= 3600 \
         else f"{seconds:.0f} s"
@@ -234,12 +256,15 @@ def verify_image(reference: str, wanted: NodeClass, public_key: Path, max_age_s:
     except DigestMismatch as err:
         verdict.reason = f"digest mismatch: {err} (the tag moved); fix: run the digest that was proven"
         return verdict
-    except ShipError as err:
-        verdict.reason = f"no such image in the registry ({err})"
+    except (registry.NoSuchImage, registry.RegistryUnreachable) as err:
+        verdict.reason = _unregistered(err)
         return verdict
     verdict.digest = image.digest
     try:
         statements = cosign.verify(image.pinned, PREDICATE_TYPE, public_key, POLICY)
+    except (registry.NoSuchImage, registry.RegistryUnreachable) as err:
+        verdict.reason = _unregistered(err)
+        return verdict
     except cosign.NotVerified as err:
         verdict.reason = {
             "none": f"no attestation: {image.pinned} holds no signed test result ({PREDICATE_TYPE}); fix: validate "
@@ -247,13 +272,15 @@ def verify_image(reference: str, wanted: NodeClass, public_key: Path, max_age_s:
             "other key": f"wrong key: {image.pinned} holds test results, none signed by the key {public_key}; fix: "
                          "verify with the public key of the key pair that attests your images (--key)",
             "policy": f"not a stackproof test result: an attestation on {image.pinned} fails {POLICY.name} "
-                      f"({err.said})",
+                      f"({err.said}); fix: attach test results with stackproof attest only, or verify with a key "
+                      "that signs nothing else of this type",
         }[err.why]
         return verdict
     verdict.found = [_result(s) for s in statements]
     others = [r for r in verdict.found if r.subject != image.digest]
     if others:
-        verdict.reason = f"digest mismatch: an attestation on {image.pinned} is about {others[0].subject}"
+        verdict.reason = (f"digest mismatch: an attestation on {image.pinned} is about {others[0].subject}; fix: "
+                          "validate this image itself and attest that run")
         return verdict
     mine = [r for r in verdict.found if not differences(r.node_class, wanted)]
     if not mine:

@@ -13,6 +13,7 @@ from typing import Any
 
 from stackproof import environment
 from stackproof.errors import ConfigError, StackproofError
+from stackproof.images import registry
 from stackproof.tools import run_tool
 
 COSIGN_VERSION = "2.5.0"  # Debian trixie's cosign (2.5.0-2); `cosign version` of a Debian build says "devel"
@@ -47,7 +48,7 @@ def require_pinned_version() -> str:
     return found
 
 
-def _env(password: str | None) -> dict[str, str]:
+def password_env(password: str | None) -> dict[str, str]:
     # cosign reads the key's password from COSIGN_PASSWORD; an empty one is a valid choice for CI keys.
     given = password if password is not None else environment.COSIGN_PASSWORD.get()
     return {**os.environ, "COSIGN_PASSWORD": given}
@@ -62,19 +63,37 @@ def readable_key(key: Path) -> None:
         raise ConfigError(f"--key {key}: {problem}; fix: pass --key the cosign key (or set its variable)")
 
 
+def _key_refused(said: str, key: Path, private: bool) -> ConfigError | None:
+    """cosign's failure to open --key, in one line (exit 2): a password that does not open a private key, or a
+    file that is not the key asked for (a public key to sign with, a private one to verify with, not a key)."""
+    reason = re.search(r"(?:reading key|loading public key): ([^\n|;]+?)(?:\. Are you|\n|$)", said)
+    if not reason:
+        return None
+    if private and "decrypt" in reason.group(1):
+        return ConfigError(f"--key {key}: expected the password that opens it (COSIGN_PASSWORD), found one that "
+                           "does not (cosign: decryption failed); fix: set COSIGN_PASSWORD to the key's password, "
+                           "or pass the key made with it")
+    wanted, pair_file = ("private", "cosign.key") if private else ("public", "cosign.pub")
+    return ConfigError(f"--key {key}: expected a cosign {wanted} key ({pair_file} of cosign generate-key-pair), "
+                       f"found a file cosign cannot use as one ({reason.group(1).strip()}); fix: pass --key the "
+                       f"{wanted} key of the pair ({pair_file})")
+
+
+def refused(err: StackproofError, reference: str, key: Path, private: bool) -> StackproofError:
+    """What a failed cosign call means, in one line: the key refused (exit 2), the image not in the registry or
+    the registry not answering (registry.py), else cosign's own error."""
+    return _key_refused(err.said, key, private) or registry.classify(reference, err.said) or err
+
+
 def attest(reference: str, predicate: Path, predicate_type: str, key: Path, password: str | None = None) -> None:
     """Sign `predicate` as an in-toto statement about `reference` (REPO@sha256:...) and attach it there."""
     readable_key(key)
     try:
         _run(f"attest {reference}", ["cosign", "attest", "--key", str(key), "--tlog-upload=false", "--yes", "--type",
                                      predicate_type, "--predicate", str(predicate), reference],
-             "check that the registry takes pushes", env=_env(password))
+             "check that the registry takes pushes", env=password_env(password))
     except CosignError as err:
-        if "decrypt" in str(err):  # cosign's words for a key its password does not open: bad input, one line
-            raise ConfigError(f"--key {key}: expected the password that opens it (COSIGN_PASSWORD), found one that "
-                              "does not (cosign: decryption failed); fix: set COSIGN_PASSWORD to the key's password, "
-                              "or pass the key made with it") from None
-        raise
+        raise refused(err, reference, key, private=True) from None
 
 
 class NotVerified(Exception):
@@ -101,7 +120,7 @@ def verify(reference: str, predicate_type: str, public_key: Path, policy: Path) 
             raise NotVerified("policy", _cosign_lines(said)) from None
         if "no matching attestations" in said:
             raise NotVerified("other key" if "Found: 0" in said else "none", _cosign_lines(said)) from None
-        raise
+        raise refused(err, reference, public_key, private=False) from None
     return [_statement(line) for line in out.splitlines() if line.strip().startswith("{")]
 
 

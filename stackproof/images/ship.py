@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,15 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from stackproof import environment
 from stackproof.errors import ConfigError, StackproofError
-from stackproof.images import bake, sbom
+from stackproof.images import bake, cosign, registry, sbom
 from stackproof.images.locks import VALIDATION_LOCK, lock_digest
 from stackproof.images.matrix import NAMESPACE, Image, Matrix, load_matrix
 from stackproof.tools import run_tool
 
 PUSH_TIMEOUT_S = 3600
 TOOL_TIMEOUT_S = 300
+# skopeo inspect reads one manifest: a registry that takes the connection and does not answer in this long is
+# unreachable (skopeo's --command-timeout: it says "context deadline exceeded"), well before TOOL_TIMEOUT_S.
+INSPECT_TIMEOUT_S = 60
 # cosign attest --type: the predicate type recorded for the SBOM attestation.
 SBOM_PREDICATE = "cyclonedx"
 # Tag characters per the OCI distribution spec; at most 128.
@@ -102,10 +103,15 @@ def _insecure(repository: str) -> bool:
 
 
 def skopeo_inspect(reference: str, template: str) -> str:
+    """What skopeo reads of `reference` in the registry; registry.NoSuchImage when the registry answers that it
+    holds none, registry.RegistryUnreachable when no registry answers."""
     tls = ["--tls-verify=false"] if _insecure(reference) else []
-    return _run(f"skopeo inspect {reference}", ["skopeo", "inspect", *tls, "--format", template,
-                                                f"docker://{reference}"],
-                "check the reference and that the registry answers (make push first?)").strip()
+    try:
+        return _run(f"skopeo inspect {reference}", ["skopeo", "--command-timeout", f"{INSPECT_TIMEOUT_S}s", "inspect",
+                                                    *tls, "--format", template, f"docker://{reference}"],
+                    "check the reference and that the registry answers (make push first?)").strip()
+    except ShipError as err:
+        raise registry.classify(reference, err.said) or err from None
 
 
 def digest_of(reference: str) -> str:
@@ -129,10 +135,8 @@ def _existing_digest(reference: str) -> str | None:
     """The digest a tag names in the registry, or None when the registry has no such tag (MANIFEST_UNKNOWN)."""
     try:
         return digest_of(reference)
-    except ShipError as err:
-        if "manifest unknown" in str(err).lower():
-            return None
-        raise
+    except registry.NoSuchImage:
+        return None
 
 
 def push(item: Shipped, docker: str = "docker") -> dict:
@@ -164,24 +168,22 @@ def push(item: Shipped, docker: str = "docker") -> dict:
             "compressed_bytes": compressed_size(f"{item.repository}@{digest}")}
 
 
-def _cosign_env(key_password: str | None) -> dict[str, str]:
-    # cosign reads the key's password from COSIGN_PASSWORD; an empty one is a valid choice for CI keys.
-    return {**os.environ, "COSIGN_PASSWORD": key_password if key_password is not None
-            else environment.COSIGN_PASSWORD.get()}
-
-
 def sign(item: Shipped, key: Path, key_password: str | None = None) -> dict:
     """Sign the pushed digest and attach the image's SBOM as a signed CycloneDX attestation (no tlog)."""
+    cosign.readable_key(key)
     digest = digest_of(f"{item.repository}:{item.immutable}")
     reference = f"{item.repository}@{digest}"
-    env = _cosign_env(key_password)
-    fix = "check --key (cosign generate-key-pair makes one) and COSIGN_PASSWORD"
-    _run(f"sign {reference}", ["cosign", "sign", "--key", str(key), "--tlog-upload=false", "--yes", reference],
-         fix, env=env)
-    document = sbom.ensure(item.image, item.layer)
-    _run(f"attest the SBOM of {reference}", ["cosign", "attest", "--key", str(key), "--tlog-upload=false", "--yes",
-                                             "--type", SBOM_PREDICATE, "--predicate", str(document), reference],
-         fix, env=env)
+    env = cosign.password_env(key_password)
+    fix = "check that the registry takes pushes (and COSIGN_PASSWORD)"
+    try:
+        _run(f"sign {reference}", ["cosign", "sign", "--key", str(key), "--tlog-upload=false", "--yes", reference],
+             fix, env=env)
+        document = sbom.ensure(item.image, item.layer)
+        _run(f"attest the SBOM of {reference}", ["cosign", "attest", "--key", str(key), "--tlog-upload=false",
+                                                 "--yes", "--type", SBOM_PREDICATE, "--predicate", str(document),
+                                                 reference], fix, env=env)
+    except ShipError as err:  # a key cosign cannot use or a wrong password: bad input, one line
+        raise cosign.refused(err, reference, key, private=True) from None
     return {"reference": reference, "sbom": str(document),
             "sbom_components": len(sbom.read(document).get("components", []))}
 
@@ -190,11 +192,16 @@ def verify(reference: str, public_key: Path) -> dict:
     """cosign verify (signature) and verify-attestation (SBOM) of a tag or digest, offline (no tlog)."""
     fix = (f"{reference} was not pushed (make push), is not signed with this key (make sign), or the tag now names "
            "another image (tampered or re-pushed): pull by the digest that make push printed")
-    _run(f"verify the signature of {reference}", ["cosign", "verify", "--key", str(public_key),
-                                                  "--insecure-ignore-tlog=true", "--output", "json", reference], fix)
-    out = _run(f"verify the SBOM attestation of {reference}",
-               ["cosign", "verify-attestation", "--key", str(public_key), "--insecure-ignore-tlog=true",
-                "--type", SBOM_PREDICATE, "--output", "json", reference], fix)
+    cosign.readable_key(public_key)
+    try:
+        _run(f"verify the signature of {reference}", ["cosign", "verify", "--key", str(public_key),
+                                                      "--insecure-ignore-tlog=true", "--output", "json", reference],
+             fix)
+        out = _run(f"verify the SBOM attestation of {reference}",
+                   ["cosign", "verify-attestation", "--key", str(public_key), "--insecure-ignore-tlog=true",
+                    "--type", SBOM_PREDICATE, "--output", "json", reference], fix)
+    except ShipError as err:  # a key cosign cannot use: bad input; no registry there, or no such image: said so
+        raise cosign.refused(err, reference, public_key, private=False) from None
     return {"reference": reference, "attestations": len([line for line in out.splitlines() if line.strip()])}
 
 

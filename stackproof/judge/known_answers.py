@@ -180,13 +180,28 @@ RESNET50_CONVS = (
 
 # --- One DDP step against a single-process reference ------------------------------------------------------------
 
-def ddp_step_bound(eps: float, world: int, lr: float, reference, mean_abs_grad):
+STEP_ROUNDINGS = 16  # units of float32 per unit of magnitude a gradient may carry through the small network
+
+
+def ddp_step_bound(eps: float, world: int, lr: float, reference, magnitude):
     """How far a rank's parameter after one SGD step (p - lr * mean of the ranks' gradients) may be from the
-    float64 reference, per element: one rounding of the parameter, and the mean's rounding error (each rank's
-    gradient divided by the world, world - 1 adds: at most world units of `eps` times the mean |gradient|), with
-    PRODUCT_ULPS units for kernels that reduce in another order. Summing instead of averaging, dividing twice or a
-    rank's wrong gradient moves the parameter by lr x a whole gradient, far outside."""
-    return eps * abs(reference) + lr * (world + 1 + PRODUCT_ULPS) * eps * mean_abs_grad
+    float64 reference (computed on another path, by formula on the CPU), per element: one rounding of the
+    parameter, and lr times the gradient's error. A gradient is a sum over the batch and positions whose float32
+    error scales with the sum of its terms' magnitudes (`magnitude`: the mean over the shards of sum |input| x
+    |grad of output|), not with the sum itself, which cancels (a bias's): STEP_ROUNDINGS units for the roundings
+    on its path through the network, world + 1 for DDP's mean. Summing instead of averaging, dividing twice, a
+    rank's wrong gradient or a kernel wrong on every rank moves the parameter by lr x a part of a whole gradient,
+    far outside."""
+    return eps * abs(reference) + lr * (world + 1 + STEP_ROUNDINGS) * eps * magnitude
+
+
+def running_stat_bound(eps: float, reference, magnitude):
+    """How far a BatchNorm running statistic after one forward may be from its float64 reference: one rounding
+    of the buffer, and STEP_ROUNDINGS units of float32 times `magnitude`, what the statistic's sum over the batch
+    adds in absolute value (momentum x the mean |input|, or the mean square of |input| + |mean| for the
+    variance), so the cancellation in a mean near zero stays inside. A wrong momentum, a biased variance, a
+    statistic of another batch or a wrong convolution before it is a part of the statistic itself, outside."""
+    return eps * abs(reference) + STEP_ROUNDINGS * eps * magnitude
 
 
 # --- GEMMs at every K class, exact by construction ---------------------------------------------------------------

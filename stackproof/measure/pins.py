@@ -45,9 +45,18 @@ class Expected:
         return [c for c in COMPONENTS if c not in self.versions]
 
 
+def _installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def runtime_versions() -> dict[str, str | None]:
+    """torch's versions as the running torch reports them; torchvision's from its installed metadata, the same
+    string as its __version__ (importing it costs each rank seconds of the fast tier: the full tier's
+    libraries::torchvision_ops imports and runs it)."""
     import torch
-    import torchvision
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     try:
@@ -57,7 +66,7 @@ def runtime_versions() -> dict[str, str | None]:
     return {
         "python": ".".join(platform.python_version_tuple()[:2]),
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": _installed("torchvision"),
         "cuda": torch.version.cuda,
         # 92400 -> 9.24.0 (cuDNN 9 encodes major*10000 + minor*100 + patch)
         "cudnn": f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}" if cudnn else None,

@@ -85,8 +85,9 @@ def shards_problem(summaries: list[dict[str, int | bool]], size: int) -> str:
 def digest(tensors: Iterable[torch.Tensor]) -> str:
     """sha256 over the exact bytes: equal digests mean bit-identical tensors."""
     hasher = hashlib.sha256()
-    for tensor in tensors:
-        hasher.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    flat = [tensor.detach().reshape(-1).float() for tensor in tensors]
+    if flat:  # one copy to the host and no copy into bytes (ResNet-50's 100 MB: not 161 synchronised copies)
+        hasher.update(torch.cat([t.to(flat[0].device) for t in flat]).cpu().numpy())
     return hasher.hexdigest()[:16]
 
 
@@ -180,24 +181,103 @@ def sgd_step(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
 @dataclasses.dataclass
 class ReferenceStep:
     params: dict[str, torch.Tensor]  # float64, after the step
-    mean_abs_grad: dict[str, torch.Tensor]  # mean over shards of |gradient|
-    buffers: list[dict[str, torch.Tensor]]  # each shard's BatchNorm buffers after its forward
+    magnitude: dict[str, torch.Tensor]  # mean over shards of each gradient's sum of |terms|
+    buffers: list[dict[str, torch.Tensor]]  # each shard's BatchNorm buffers after its forward, float64
+    buffer_magnitude: list[dict[str, torch.Tensor]]  # each shard's: what its running statistics' sums add
 
 
-def reference_step(world: int, device: torch.device) -> ReferenceStep:
-    """One SGD step as DDP defines it, in this one process: rank 0's initial network, each rank's shard
-    forward and backward on its own (BatchNorm normalises with the shard's statistics, as on its rank), the
-    gradients averaged over the shards in float64, p - lr x mean."""
+BN_EPS, BN_MOMENTUM = 1e-5, 0.1  # nn.BatchNorm2d's defaults, which SmallNet keeps
+
+
+def _conv3x3(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Tensor:
+    """A 3x3 convolution with padding 1 by formula: nine shifted einsums, no convolution kernel."""
+    batch, channels, height, width = x.shape
+    padded = x.new_zeros(batch, channels, height + 2, width + 2)
+    padded[:, :, 1:-1, 1:-1] = x
+    rows, cols = (height - 1) // stride + 1, (width - 1) // stride + 1
+    out = 0
+    for i in range(3):
+        for j in range(3):
+            patch = padded[:, :, i:i + stride * (rows - 1) + 1:stride, j:j + stride * (cols - 1) + 1:stride]
+            out = out + torch.einsum("bchw,oc->bohw", patch, weight[:, :, i, j])
+    return out
+
+
+def _batch_norm(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, gamma, beta):
+    """Training-mode BatchNorm by formula: the batch's (biased) statistics normalise, (xhat, y)."""
+    xhat = (x - mean[:, None, None]) / torch.sqrt(var[:, None, None] + BN_EPS)
+    return xhat, xhat * gamma[:, None, None] + beta[:, None, None]
+
+
+def _shard_reference(start: dict[str, torch.Tensor], images: torch.Tensor, labels: torch.Tensor):
+    """One shard's forward and backward through SmallNet in float64 by formula (no conv2d, batch_norm, linear or
+    cross_entropy kernel: a kernel fault on the ranks cannot hide here). Returns the gradients, each gradient's
+    magnitude (the same sum over |terms|: sum |input| x |grad of output| over batch and positions, which bounds
+    how far any float32 summation order may land), the BatchNorm buffers after the forward and their magnitudes."""
+    w = {name: start[name].double().requires_grad_() for name in dict(SmallNet().named_parameters())}
+    x = images.double()
+    saved, buffers, buffer_magnitude = {}, {}, {}
+    for conv, bn, stride in (("0", "1", 1), ("3", "4", 2)):
+        out = _conv3x3(x, w[f"{conv}.weight"], stride)
+        # What the rank's float32 sums over the batch add for the statistics: |out| bounded by the same
+        # convolution over |input| and |weight|, so the input's own rounding is inside too.
+        out_abs = _conv3x3(x.detach().abs(), w[f"{conv}.weight"].detach().abs(), stride)
+        count = out.numel() // out.shape[1]
+        mean, var = out.mean((0, 2, 3)), out.var((0, 2, 3), unbiased=False)
+        mean_, var_ = mean.detach(), var.detach()
+        for_var = ((out_abs + mean_.abs()[:, None, None]) ** 2).mean((0, 2, 3)) * count / (count - 1)
+        buffers |= {f"{bn}.running_mean": BN_MOMENTUM * mean_,
+                    f"{bn}.running_var": (1 - BN_MOMENTUM) + BN_MOMENTUM * var_ * count / (count - 1),
+                    f"{bn}.num_batches_tracked": torch.tensor(1, dtype=torch.int64)}
+        buffer_magnitude |= {f"{bn}.running_mean": BN_MOMENTUM * out_abs.mean((0, 2, 3)),
+                             f"{bn}.running_var": BN_MOMENTUM * for_var,
+                             f"{bn}.num_batches_tracked": torch.zeros((), dtype=torch.float64)}
+        xhat, y = _batch_norm(out, mean, var, w[f"{bn}.weight"], w[f"{bn}.bias"])
+        saved[conv], saved[bn] = (x, out), (xhat, y)
+        out.retain_grad()
+        y.retain_grad()
+        x = y.clamp(min=0)
+    pooled = x.mean((2, 3))
+    logits = pooled @ w["8.weight"].T + w["8.bias"]
+    logits.retain_grad()
+    shifted = logits - logits.amax(1, keepdim=True)
+    log_probs = shifted - torch.log(torch.exp(shifted).sum(1, keepdim=True))
+    (-log_probs[torch.arange(len(labels)), labels].mean()).backward()
+
+    magnitude = {}
+    for conv, stride in (("0", 1), ("3", 2)):
+        inputs, out = saved[conv]
+        dy = out.grad.abs()
+        padded = inputs.new_zeros(*inputs.shape[:2], inputs.shape[2] + 2, inputs.shape[3] + 2)
+        padded[:, :, 1:-1, 1:-1] = inputs.detach().abs()
+        rows, cols = dy.shape[2], dy.shape[3]
+        taps = [[torch.einsum("bchw,bohw->oc", padded[:, :, i:i + stride * (rows - 1) + 1:stride,
+                                                      j:j + stride * (cols - 1) + 1:stride], dy)
+                 for j in range(3)] for i in range(3)]
+        magnitude[f"{conv}.weight"] = torch.stack([torch.stack(row, -1) for row in taps], -2)
+    for bn in ("1", "4"):
+        xhat, y = saved[bn]
+        magnitude[f"{bn}.weight"] = (y.grad.abs() * xhat.detach().abs()).sum((0, 2, 3))
+        magnitude[f"{bn}.bias"] = y.grad.abs().sum((0, 2, 3))
+    magnitude["8.weight"] = logits.grad.abs().T @ pooled.detach().abs()
+    magnitude["8.bias"] = logits.grad.abs().sum(0)
+    grads = {name: value.grad for name, value in w.items()}
+    return grads, magnitude, buffers, buffer_magnitude
+
+
+def reference_step(world: int) -> ReferenceStep:
+    """One SGD step as DDP defines it, in float64 on the CPU by formula: rank 0's initial network, each rank's
+    shard forward and backward on its own (BatchNorm normalises with the shard's statistics, as on its rank), the
+    gradients averaged over the shards, p - lr x mean."""
     start = small_net(REFERENCE_SEED).state_dict()
-    grads, abs_grads, buffers = {}, {}, []
+    grads, magnitudes, buffers, buffer_magnitudes = {}, {}, [], []
     for rank in range(world):  # O(world) small steps; memory stays at one network
-        model = SmallNet().to(device)
-        model.load_state_dict(start)
-        images, labels = reference_shard(rank, world)
-        sgd_step(model, images.to(device), labels.to(device))
-        for name, param in model.named_parameters():
-            grads[name] = grads.get(name, 0) + param.grad.double()
-            abs_grads[name] = abs_grads.get(name, 0) + param.grad.double().abs()
-        buffers.append({name: b.detach().clone() for name, b in model.named_buffers()})
-    params = {name: start[name].to(device).double() - REFERENCE_LR * grads[name] / world for name in grads}
-    return ReferenceStep(params, {name: total / world for name, total in abs_grads.items()}, buffers)
+        shard_grads, magnitude, shard_buffers, buffer_magnitude = _shard_reference(start, *reference_shard(rank, world))
+        for name, grad in shard_grads.items():
+            grads[name] = grads.get(name, 0) + grad
+            magnitudes[name] = magnitudes.get(name, 0) + magnitude[name]
+        buffers.append(shard_buffers)
+        buffer_magnitudes.append(buffer_magnitude)
+    params = {name: start[name].double() - REFERENCE_LR * grads[name] / world for name in grads}
+    return ReferenceStep(params, {name: total / world for name, total in magnitudes.items()}, buffers,
+                         buffer_magnitudes)

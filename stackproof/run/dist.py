@@ -13,7 +13,6 @@ import dataclasses
 import datetime
 import json
 import socket
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -38,8 +37,6 @@ NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
 # every replay), NCCL's condition for turning its graph-mixing support off; with it on, a captured all_reduce
 # replays at 11 us instead of 4.9 us on H200s (nccl-tests -G: 5.9 us), which would hide the link's latency.
 NCCL_GRAPH_MIXING = ("NCCL_GRAPH_MIXING_SUPPORT", "0")
-# How long a leaving rank waits for its process group's teardown before os._exit (worker.run).
-LEAVE_BOUND_S = 1.0
 
 
 @dataclasses.dataclass
@@ -181,23 +178,6 @@ def init(rendezvous_timeout_s: float, timeout_s: float, node: str = "") -> DistE
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def shutdown_within(bound_s: float) -> bool:
-    """The process group's teardown (NCCL's communicators), at most `bound_s`, for a rank about to leave with
-    os._exit: the record is written and every rank has read the verdict, so a teardown that waits on a peer
-    already gone is not waited out. Whether it finished in time."""
-    if not dist.is_initialized():
-        return True
-    done = threading.Event()
-
-    def destroy() -> None:
-        with contextlib.suppress(Exception):  # a peer gone first: the exit frees what is left
-            dist.destroy_process_group()
-        done.set()
-
-    threading.Thread(target=destroy, name="stackproof-leave", daemon=True).start()
-    return done.wait(bound_s)
 
 
 def _free_port() -> int:

@@ -124,7 +124,7 @@ def launch(settings: ValidateConfig, clock: Deadline | None = None, env: Mapping
                                    refused=[f["rank"] for f in outcome.failures] if refused else None,
                                    interrupted=outcome.interrupted,
                                    timed_out_s=settings.run_timeout if outcome.timed_out else None,
-                                   phases={"ranks_exited": time.time()},
+                                   phases={**outcome.left, "ranks_exited": time.time()},
                                    findings=[*_unkillable(settings, outcome.unkillable, inventory),
                                              *_after_signals(settings, outcome.failures, inventory, started,
                                                              clock)])

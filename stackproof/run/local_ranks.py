@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from stackproof import environment
 from stackproof.run.launch_env import RUN_ENDS_ENV
 
 KILL_GRACE_S = 10.0
@@ -28,6 +31,15 @@ KILL_GRACE_S = 10.0
 # driver after an XID 79, or on a dead mount) never exits: it is named and the run goes on to settle and act.
 KILL_WAIT_S = 2.0
 POLL_S = 0.05
+# Set in each rank's environment: the number of a pipe's write end the rank inherits. A rank whose record is
+# written and flushed, and that has nothing left to say to its peers, writes one line there (leaving()) just before
+# it exits, so the launcher times the ranks' own teardown (the process's exit: CUDA's context and the driver's
+# memory given back) and bounds it.
+LEAVING_FD_ENV = environment.LEAVING_FD.name
+# How long ranks that all said they are leaving may take to be gone before they are stopped (SIGKILL, then
+# KILL_WAIT_S): what is left is the kernel's and the driver's teardown of the process, well under this on a
+# healthy node (benchmarks/startup.py prints it: "records complete -> ranks gone").
+LEAVE_WAIT_S = KILL_GRACE_S
 
 
 @dataclasses.dataclass
@@ -38,6 +50,9 @@ class Outcome:
     timed_out: bool = False
     # Ranks still there KILL_WAIT_S after SIGKILL: {"rank", "pid", "state", "wchan"} (stuck_rank's words).
     unkillable: list[dict] = dataclasses.field(default_factory=list)
+    # When the last rank said it was leaving (ranks_done, epoch seconds: every record complete), for report.json's
+    # phases and benchmarks/startup.py: what follows it is the processes' own teardown.
+    left: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def rank_env(rank: int, nproc: int, port: int, base: dict[str, str]) -> dict[str, str]:
@@ -52,13 +67,54 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def leaving(rank: int, code: int) -> None:
+    """In a rank: say that this rank leaves now with `code`, its record written and flushed (see LEAVING_FD_ENV).
+    Nothing when no launcher of ours listens; a launcher gone first is not waited for."""
+    fd = _leaving_fd
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.write(fd, (json.dumps({"rank": rank, "exit": int(code), "at": time.time()}) + "\n").encode())
+
+
+def take_leaving_fd() -> None:
+    """In a rank, at its start: keep the pipe the launcher named (LEAVING_FD_ENV) and take the name out of the
+    environment, so that no process the rank starts writes to an fd of that number."""
+    global _leaving_fd
+    value = environment.forget(LEAVING_FD_ENV).get(LEAVING_FD_ENV)
+    with contextlib.suppress(ValueError, OSError):
+        fd = int(value or "")
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            _leaving_fd = fd
+
+
+_leaving_fd: int | None = None
+
+
+def _said(fd: int, buffer: bytearray) -> list[dict]:
+    """The lines the ranks wrote to the leaving pipe since last asked (non-blocking)."""
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(fd, 65536):
+            buffer += chunk
+    lines = []
+    while b"\n" in buffer:
+        line, _, rest = bytes(buffer).partition(b"\n")
+        buffer[:] = rest
+        with contextlib.suppress(ValueError):
+            said = json.loads(line)
+            if isinstance(said, dict) and isinstance(said.get("rank"), int) and isinstance(said.get("exit"), int):
+                lines.append(said)
+    return lines
+
+
 def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: float,
-        logs: Path | None = None, start: Callable[[Sequence[str], dict[str, str], IO | None], Any] | None = None
-        ) -> Outcome:
+        logs: Path | None = None, start: Callable[..., Any] | None = None) -> Outcome:
     """Start `nproc` ranks of `command` and wait for all of them (or the first failure, a signal, the timeout).
     With `logs`, each rank's stdout and stderr go to logs/rank<N>.log instead of this process's. `start`: how a
-    rank is started instead of a subprocess (run/warm.py: forked by the warm agent), returning an object with
-    Popen's pid, poll() and wait(timeout), and signal_group(signum)."""
+    rank is started instead of a subprocess (run/warm.py: forked by the warm agent), called as
+    start(command, env, stdout, leaving_fd) and returning an object with Popen's pid, poll() and wait(timeout),
+    and signal_group(signum). Ranks that all said they are leaving (leaving()) and are not gone LEAVE_WAIT_S later
+    are stopped, with the exit code each said."""
     base = dict(env)
     # Share the cores between ranks (torchrun would pin each to one thread, with a warning).
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -67,6 +123,12 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
     interrupted: list[str] = []
     procs: list[subprocess.Popen] = []
     stuck: dict[int, dict] = {}  # by rank: each rank that outlived SIGKILL, as first seen
+    heard, write_end = os.pipe()  # the ranks' "leaving" lines (leaving())
+    os.set_blocking(heard, False)
+    base[LEAVING_FD_ENV] = str(write_end)
+    said: dict[int, dict] = {}  # by rank: its leaving line
+    buffer = bytearray()
+    left: dict[str, float] = {}
 
     def stop(signum: int) -> None:
         for record in _stop(procs, signum, skip=set(stuck)):
@@ -78,7 +140,7 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
 
     def outcome(*args, **kwargs) -> Outcome:
         stop(signal.SIGKILL)  # nothing outlives the launcher, whatever happened; what cannot die is named
-        return Outcome(*args, **kwargs, unkillable=sorted(stuck.values(), key=lambda r: r["rank"]))
+        return Outcome(*args, **kwargs, unkillable=sorted(stuck.values(), key=lambda r: r["rank"]), left=left)
 
     previous = {sig: signal.signal(sig, stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -89,14 +151,24 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
                     logs.mkdir(parents=True, exist_ok=True)
                     output = files.enter_context(open(logs / f"rank{rank}.log", "wb"))
                 if start is not None:
-                    procs.append(start(list(command), rank_env(rank, nproc, port, base), output))
+                    procs.append(start(list(command), rank_env(rank, nproc, port, base), output, write_end))
                     continue
                 procs.append(subprocess.Popen(list(command), env=rank_env(rank, nproc, port, base),
-                                              start_new_session=True, stdout=output,
+                                              start_new_session=True, stdout=output, pass_fds=(write_end,),
                                               stderr=subprocess.STDOUT if output else None))
+        os.close(write_end)  # the ranks hold it now
+        write_end = -1
         deadline = time.monotonic() + timeout_s
+        leave_by = None
         while True:
             codes = [proc.poll() for proc in procs]
+            for line in _said(heard, buffer):
+                said.setdefault(line["rank"], line)
+            if leave_by is None and set(said) >= set(range(nproc)):  # every record complete: only the teardown is left
+                left["ranks_done"] = max(float(line.get("at") or 0.0) for line in said.values()) or time.time()
+                leave_by = time.monotonic() + LEAVE_WAIT_S
+            if leave_by is not None and time.monotonic() > leave_by and None in codes:
+                codes = [code if code is not None else said[rank]["exit"] for rank, code in enumerate(codes)]
             if interrupted:
                 stop(signal.SIGTERM)
                 return outcome(128 + signal.Signals[interrupted[0]].value, [], interrupted[0])
@@ -113,6 +185,9 @@ def run(command: Sequence[str], nproc: int, env: dict[str, str], timeout_s: floa
             time.sleep(POLL_S)
     finally:
         stop(signal.SIGKILL)  # also on an exception above
+        for fd in (heard, write_end):
+            if fd >= 0:
+                os.close(fd)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -8,9 +8,10 @@ import os
 import time
 
 # Each rank's steps, in order; rank 0 adds the run's own (checks_started, checks_done), and stackproof's launcher
-# when its ranks had all exited (ranks_exited).
+# when its ranks had all said they leave, their records complete (ranks_done), and when they had all exited
+# (ranks_exited: the kernel's and the driver's teardown of each process included).
 RANK_PHASES = ("rank_started", "torch_imported", "cuda_ready", "process_group_ready")
-RUN_PHASES = ("checks_started", "checks_done", "ranks_exited")
+RUN_PHASES = ("checks_started", "checks_done", "ranks_done", "ranks_exited")
 
 _marks: dict[str, float] = {}
 

@@ -29,7 +29,7 @@ from stackproof.measure import identity, pins
 from stackproof.report import outputs
 from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
-from stackproof.run import faults, phases, smoke_tests_dir
+from stackproof.run import faults, phases, readings, smoke_tests_dir
 from stackproof.run.config import ValidateConfig
 from stackproof.run.launch_env import Told, launcher_started, run_ends
 from stackproof.run.watchdog import CheckWatchdog
@@ -57,6 +57,8 @@ ERROR_KEY = pytest.StashKey[tuple | None]()
 IDENTITY_KEY = pytest.StashKey[identity.RankIdentity]()
 # How far along the run is: the checks started, and the module of the last one.
 PROGRESS_KEY = pytest.StashKey[list]()
+# Readings taken beside the rank's start-up (run/readings.py): NVML held open, the GPU inventory.
+READINGS_KEY = pytest.StashKey[readings.Early]()
 
 
 class Handover:
@@ -139,6 +141,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[NCCL_LOG_KEY] = environment.NCCL_DEBUG_FILE.get(given) or None
     told = config.stash[TOLD_KEY]
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
+    config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # meanwhile: CUDA's context, the world
     node = settings.node_name or identity.node_name(environment.current())  # resolved once, for every check
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout, node)
     config.stash[REPORT_KEY] = report = Report(settings=settings.to_json())
@@ -245,6 +248,12 @@ def nccl_log(request: pytest.FixtureRequest) -> str | None:
     from stackproof.measure import bandwidth
 
     return bandwidth.own_nccl_log(request.config.stash[NCCL_LOG_KEY])
+
+
+@pytest.fixture(scope="session")
+def early_readings(request: pytest.FixtureRequest) -> readings.Early:
+    """What this rank read beside its start-up (run/readings.py); a check waits for what it needs, bounded."""
+    return request.config.stash[READINGS_KEY]
 
 
 @pytest.fixture
@@ -464,6 +473,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    early = config.stash.get(READINGS_KEY, None)
+    if early is not None and not config.stash.get(WORKER_KEY, False):
+        early.close()
     report = config.stash.get(REPORT_KEY, None)
     if report and report.override and report.exit_code == Exit.INCOMPLETE:
         # A peer is hung or dead: tearing the process group down could block on it. Leave now;

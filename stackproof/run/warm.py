@@ -16,7 +16,8 @@ as they would at a cold rank's start. What torch reads from the environment at i
 OMP_NUM_THREADS: set again per rank) comes from the agent's.
 
 The protocol, one JSON object per line; one connection per rank:
-    -> {"op": "rank", "argv", "env", "cwd", "same": {...}, "writable": [dirs]}  + stdout, stderr fds (SCM_RIGHTS)
+    -> {"op": "rank", "argv", "env", "cwd", "same": {...}, "writable": [dirs]}  + stdout, stderr fds (SCM_RIGHTS),
+       and the launcher's leaving pipe (local_ranks.LEAVING_FD_ENV) as a third when it has one
     <- {"pid": N} or {"refused": "why"}
     -> {"signal": N}                  (any time: the agent signals the rank's process group)
     <- {"exit": code}                 (when the rank has exited; -N: killed by signal N, as subprocess says)
@@ -53,6 +54,9 @@ SOCKET_ENV = environment.WARM_SOCKET.name  # read as ValidateConfig.warm_socket'
 # How long the launcher waits for the agent's answer to a request before starting cold: it answers at once
 # when idle, and a fork takes milliseconds.
 ANSWER_TIMEOUT_S = 5.0
+# The protocol below, as launcher and agent must share it (2: a rank request may hand over the leaving pipe). An
+# agent started before an upgrade of the same checkout answers another one, and the launcher starts cold.
+PROTOCOL = "2"
 PR_SET_PDEATHSIG = 1
 CUDA_ERROR_NOT_INITIALIZED = 3  # cuda.h's CUresult
 # What a warm rank has loaded before its first check: what a cold rank imports (stackproof.cli and, through the
@@ -66,7 +70,7 @@ def sameness() -> dict[str, str]:
     import stackproof
 
     return {"python": os.path.realpath(sys.executable), "stackproof": str(Path(stackproof.__file__).resolve()),
-            "pythonpath": environment.PYTHONPATH.get()}
+            "pythonpath": environment.PYTHONPATH.get(), "protocol": PROTOCOL}
 
 
 def cuda_driver_loaded() -> bool:
@@ -214,6 +218,8 @@ class Agent:
             return
         why = self._refusal(request, fds)
         if why:
+            for fd in fds:
+                os.close(fd)
             _send(conn, {"refused": why})
             return
         pid = self._fork(request, fds)
@@ -226,8 +232,9 @@ class Agent:
         _send(conn, {"pid": pid})
 
     def _refusal(self, request: dict, fds: list[int]) -> str | None:
-        if request.get("op") != "rank" or len(fds) != 2:
-            return f"expected a rank request with stdout and stderr, found {sorted(request)} and {len(fds)} fd(s)"
+        if request.get("op") != "rank" or len(fds) not in (2, 3):
+            return (f"expected a rank request with stdout, stderr (and a leaving pipe), found {sorted(request)} and "
+                    f"{len(fds)} fd(s)")
         differ = [k for k, v in self.same.items() if request.get("same", {}).get(k) != v]
         if differ:
             return (f"the agent runs another {', '.join(differ)} ("
@@ -289,13 +296,19 @@ def _become_rank(request: dict, fds: list[int], selector: selectors.BaseSelector
     os.setsid()  # a session of its own, as the cold launcher gives a rank: its group is stopped as one
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    for target, fd in zip((1, 2), fds, strict=True):
+    for target, fd in zip((1, 2), fds[:2], strict=True):
         os.dup2(fd, target)
     os.close(null)
-    for fd in fds:
+    leaving = fds[2:]  # the launcher's leaving pipe, under this process's own number for it
+    for fd in fds[:2]:
         os.close(fd)
     os.chdir(request["cwd"])
     environment.replace(request["env"])
+    from stackproof.run import local_ranks
+
+    environment.forget(local_ranks.LEAVING_FD_ENV)  # the launcher's number for it is not this process's
+    if leaving:
+        environment.export({local_ranks.LEAVING_FD_ENV: str(leaving[0])})
     from stackproof.run import phases
 
     phases.reset()  # this process's own start (the fork), not the agent's
@@ -425,8 +438,10 @@ class Starter:
                               "the launcher's environment")
         self.agent_pid = agent["pid"]
 
-    def __call__(self, command: Sequence[str], env: dict[str, str], stdout: IO | None) -> WarmRank:
-        """Start `command` (python -m stackproof ARGV, what a cold rank runs) as a fork of the agent."""
+    def __call__(self, command: Sequence[str], env: dict[str, str], stdout: IO | None,
+                 leaving: int | None = None) -> WarmRank:
+        """Start `command` (python -m stackproof ARGV, what a cold rank runs) as a fork of the agent; `leaving`:
+        the launcher's leaving pipe, handed to the rank (local_ranks.LEAVING_FD_ENV)."""
         entry = [sys.executable, "-m", "stackproof"]
         if list(command[:3]) != entry:
             raise ValueError(f"a warm rank runs {entry} ARGV, not {list(command)}")
@@ -436,7 +451,8 @@ class Starter:
         err = stdout.fileno() if stdout is not None else sys.stderr.fileno()
         request = {"op": "rank", "argv": list(argv), "env": env, "cwd": os.getcwd(), "same": self.same,
                    "writable": self.writable}
-        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [out, err])
+        fds = [out, err, *([] if leaving is None else [leaving])]
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
         answer = _answer(conn)
         if "refused" in answer:
             conn.close()

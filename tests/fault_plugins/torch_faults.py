@@ -117,6 +117,35 @@ def _conv_zeroes_channels(rank):
     F.conv2d = conv2d
 
 
+@fault("conv-reads-a-neighbour")
+def _conv_reads_a_neighbour(_rank):
+    """Convolutions add 1e-3 of their neighbour's output along the width (a kernel reading one column off), on
+    every rank alike: only a reference on another path sees it."""
+    real = F.conv2d
+
+    @functools.wraps(real)
+    def conv2d(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out + 1e-3 * out.roll(1, dims=-1)
+    F.conv2d = conv2d
+
+
+@fault("batch-norm-momentum-doubled")
+def _batch_norm_momentum_doubled(_rank):
+    """BatchNorm updates its running statistics with twice the momentum asked for, on every rank alike: the
+    forward is right, only the buffers are wrong."""
+    real = F.batch_norm
+    signature = inspect.signature(real)
+
+    @functools.wraps(real)
+    def batch_norm(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        bound.arguments["momentum"] *= 2
+        return real(*bound.args, **bound.kwargs)
+    F.batch_norm = batch_norm
+
+
 @fault("compile-wrong-later")
 def _compile_wrong_later(_rank):
     """torch.compile: right on the first call, wrong on later ones."""

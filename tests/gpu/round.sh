@@ -2,7 +2,8 @@
 # On one GPU host, from the repository root, in one call: this round's proofs on the GPU, each kept under OUT.
 #   tests/gpu/round.sh OUT COMMIT [PART...]     # PART: 1-6, default all (a call of the device tool lasts 10 min)
 # 1. the acceptance run (scripts/gpu-acceptance.sh) of the tree, headed by COMMIT;
-# 2. where a healthcheck's time goes, cold and warm (benchmarks/startup.py), and the idle warm agent under NVML;
+# 2. where a healthcheck's time goes, cold, warm and with the agent (benchmarks/startup.py: the exit's costs apart
+#    too), and the idle warm agent under NVML;
 # 3. a rank hung in a CUDA kernel, patched in from outside (tests/fault_plugins/torch_faults.py), under
 #    scripts/slurm/healthcheck.sh's defaults as a dry run: named and taken out within the deadline;
 # 4. two healthchecks started together: one judges, the other says one is running;
@@ -33,8 +34,9 @@ ACCEPT_COMMIT=$COMMIT scripts/gpu-acceptance.sh "$OUT/acc" >/dev/null 2>&1
 say "acceptance exit $?"; cat "$OUT/acc/summary.txt" >>"$log"
 fi
 if part 2; then
-say "## 2. start-up, cold and warm"
-timed startup python3 benchmarks/startup.py --runs 3 --out "$OUT/startup-healthcheck.txt" -- healthcheck --scheduler none
+say "## 2. start-up, cold, warm and with the warm agent, the ranks' exit and its costs apart"
+timed startup python3 benchmarks/startup.py --runs 3 --drop-caches --exit-costs --out "$OUT/startup-healthcheck.txt" \
+    -- healthcheck --scheduler none
 cat "$OUT/startup-healthcheck.txt" >>"$log" 2>/dev/null
 fi
 if part 3; then
