@@ -10,7 +10,7 @@ from stackproof.judge import fabric as rules
 from stackproof.judge import findings as judged
 from stackproof.judge import spec as node_spec
 from stackproof.judge.promise import FAST, Needs
-from stackproof.measure import fabric, identity
+from stackproof.measure import fabric
 
 pytestmark = pytest.mark.check(FAST, Needs(), optional="a node without RDMA ports has none to judge")
 
@@ -24,7 +24,7 @@ def _spec_expect(settings, models: list[str]) -> dict | None:
 
 
 def test_rdma_ports_hold_their_spec(dist_env, settings, report):
-    node = identity.node_name()
+    node = dist_env.node
     model = None
     if dist_env.is_gpu:
         import torch

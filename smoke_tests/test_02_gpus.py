@@ -1,14 +1,14 @@
 """GPU visibility and capability: what the PCI bus, NVML and torch see, what was expected, that every GPU has
 what it should (its NVLinks and PCIe lanes, and what its peers have), and that every GPU computes."""
 
-import os
 
 import pytest
 import torch
 
+from stackproof import environment
 from stackproof.judge import expectation, hardware, sharing, software
 from stackproof.judge.promise import FAST, Needs
-from stackproof.measure import identity, nics, topology
+from stackproof.measure import nics, topology
 
 pytestmark = pytest.mark.check(FAST, Needs(gpu=True))
 
@@ -30,14 +30,14 @@ def visible(inventory):
 def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     count = torch.cuda.device_count()
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
-    expected = expectation.expected_gpus(settings.expect_gpus, os.environ, bus)
+    expected = expectation.expected_gpus(settings.expect_gpus, environment.current(), bus)
     want, why = expected.count, expected.why
     report.figure("gpus", count)
     report.figure("names", ",".join(sorted({g.name for g in visible})))
     report.figure("driver", inventory.driver_version)
     report.context("driver", {"version": inventory.driver_version, "cuda": inventory.cuda_driver_version})
     report.context("nics", nics.survey())  # the node class's network half (stackproof attest)
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    cvd = environment.CUDA_VISIBLE_DEVICES.get()
     report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
     # GPUs missing that the scheduler allocated or the PCI bus shows are the node's fault (act drains it); fewer
     # than a flag or a launch asked for may be the flag's or the launch's.
@@ -117,7 +117,7 @@ def test_no_two_ranks_share_a_gpu(dist_env, settings, report):
     """Two ranks on one GPU halve its figures and make stragglers of both: named here as the setup fault it is
     (judge/sharing.py), unless the nodes are emulated on one machine on purpose (--emulated-nodes)."""
     uuid = str(torch.cuda.get_device_properties(dist_env.device).uuid)
-    every = dist_env.agree({"uuid": uuid, "node": identity.node_name()}, "the ranks' GPUs", lambda values: values)
+    every = dist_env.agree({"uuid": uuid, "node": dist_env.node}, "the ranks' GPUs", lambda values: values)
     uuids, nodes = [v["uuid"] for v in every], [v["node"] for v in every]
     shared = sharing.holders(uuids)
     report.figure("shared_gpus", len(shared))

@@ -10,7 +10,7 @@ from stackproof.judge import fabric as network
 from stackproof.judge import findings as judged
 from stackproof.judge import spec as node_spec
 from stackproof.judge.promise import FAST, Needs
-from stackproof.measure import fabric, health, identity, topology
+from stackproof.measure import fabric, health, topology
 
 pytestmark = pytest.mark.check(FAST, Needs(gpu=True))
 
@@ -28,7 +28,7 @@ def _read_own(device: torch.device, node: str, rank: int, sysfs: str) -> dict:
 def facts(dist_env, settings):
     """(this rank's row, every rank's rows). A GPU NVML cannot read is a row of n/a with the error: a finding
     of the checks below, never a traceback and never a pass."""
-    node = identity.node_name()
+    node = dist_env.node
     try:
         mine = _read_own(dist_env.device, node, dist_env.rank, settings.sysfs)
     except Exception as err:  # NVML missing, the GPU lost, an unknown error: said in the row

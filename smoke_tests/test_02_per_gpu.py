@@ -16,7 +16,7 @@ from stackproof.judge import bars, data, hardware, per_gpu, sharing
 from stackproof.judge import counters as counter_rules
 from stackproof.judge import health as rules
 from stackproof.judge.promise import FAST, Needs
-from stackproof.measure import counters, gpu_proof, health, identity, memtest, patterns, topology, watermark
+from stackproof.measure import counters, gpu_proof, health, memtest, patterns, topology, watermark
 from stackproof.run import faults
 
 pytestmark = pytest.mark.check(FAST, Needs(gpu=True))
@@ -36,7 +36,7 @@ def _local(step):
         return None, err
 
 
-def _read_own(device: torch.device, settings, own_pids: set[int]
+def _read_own(device: torch.device, settings, own_pids: set[int], node: str
               ) -> tuple[topology.Gpu, health.Checkup, counter_rules.CounterReading]:
     uuid = str(torch.cuda.get_device_properties(device).uuid)
     torch.zeros(1, device=device)  # this rank's context on its GPU: NVML lists it among the GPU's processes
@@ -49,8 +49,8 @@ def _read_own(device: torch.device, settings, own_pids: set[int]
                 raise RuntimeError(f"{HOST} {device}: NVML cannot reach the GPU with torch's UUID {uuid} ({err}); "
                                    f"fix: {hardware.unreachable(-1, str(err)).action}") from err
             gpu = topology.read_gpu(nvml, index, settings.pci_devices)
-            return (gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log, memory=_memory(settings),
-                                        job=settings.job),
+            return (gpu, health.examine(nvml, handle, gpu, own_pids, settings.kernel_log,
+                                        memory=_memory(settings, node), job=settings.job),
                     counters.read(nvml, handle, gpu, settings.pci_devices))
     except topology.NvmlUnavailable as err:
         raise RuntimeError(f"{HOST} {device}: torch sees the GPU but NVML does not: {err}; fix: run the container "
@@ -58,9 +58,9 @@ def _read_own(device: torch.device, settings, own_pids: set[int]
                            ) from err
 
 
-def _memory(settings) -> watermark.Memory:
+def _memory(settings, node: str) -> watermark.Memory:
     """This node's state folder: the last look at each GPU (evidence is judged since then)."""
-    return watermark.Memory(settings.health_state_dir, identity.node_name())
+    return watermark.Memory(settings.health_state_dir, node)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def own(dist_env, settings):
     run's ranks on the node are not "other processes")."""
     ranks = dist_env.agree({"host": HOST, "pid": os.getpid()}, "the ranks' pids", decide=lambda every: every)
     own_pids = {rank["pid"] for rank in ranks if rank["host"] == HOST}
-    mine, error = _local(lambda: _read_own(dist_env.device, settings, own_pids))
+    mine, error = _local(lambda: _read_own(dist_env.device, settings, own_pids, dist_env.node))
     failed = dist_env.agree(error is not None, "reading each GPU through NVML",
                             decide=lambda failures: [rank for rank, failure in enumerate(failures) if failure])
     if error is not None:
@@ -100,7 +100,7 @@ def _measured_elsewhere(first_on_gpu, dist_env, report, bar: bars.Bar) -> bool:
 
 
 @pytest.fixture(scope="module")
-def xid_watch(own, settings):
+def xid_watch(own, settings, dist_env):
     """NVML's XID events on this rank's GPU, watched from the first per-GPU check to the last. Where NVML watched
     live throughout, the watermark moves on to the end of the watch: the next look does not judge again, from
     the kernel log, the XIDs NVML already reported."""
@@ -109,7 +109,7 @@ def xid_watch(own, settings):
         watch = health.XidWatch(nvml, health.handle_of(nvml, gpu.uuid))
         yield watch
         if watch.live:
-            _memory(settings).advance(gpu.uuid, time.time())
+            _memory(settings, dist_env.node).advance(gpu.uuid, time.time())
         watch.close()
 
 

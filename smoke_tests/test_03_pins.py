@@ -1,10 +1,10 @@
 """Pins at runtime: what torch really loaded, compared with what the image promised."""
 
-import os
 from pathlib import Path
 
 import pytest
 
+from stackproof import environment
 from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import pins
 
@@ -16,7 +16,7 @@ WHEEL_LIBRARIES = [("nccl", "nvidia-nccl-cu"), ("cudnn", "nvidia-cudnn-cu")]
 
 @pytest.fixture(scope="module")
 def promise(settings):
-    return pins.expected(settings.expect_file, settings.image, os.environ, settings.expect_declared)
+    return pins.expected(settings.expect_file, settings.image, environment.current(), settings.expect_declared)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from stackproof.judge import bars, data
 from stackproof.judge import fabric as network
 from stackproof.judge.promise import FULL, Needs
-from stackproof.measure import bandwidth, fabric, identity, topology
+from stackproof.measure import bandwidth, fabric, topology
 
 MiB, GiB, KiB = 1 << 20, 1 << 30, 1 << 10
 
@@ -58,7 +58,7 @@ def gpus(dist_env):
 @pytest.fixture(scope="module")
 def fabrics(dist_env, settings):
     """{node: its NIC facts} (stackproof/measure/fabric.py), every node's, on every rank."""
-    return fabric.job_fabrics(dist_env, settings.sysfs, identity.node_name())
+    return fabric.job_fabrics(dist_env, settings.sysfs, dist_env.node)
 
 
 def _network_bar(fabrics, dist_env, settings) -> bars.Bar:
@@ -132,10 +132,10 @@ def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
 
 
 @pytest.mark.check(FULL, Needs(gpu=True, ranks=2), optional="NCCL_DEBUG set by the caller: no transport log of ours")
-def test_nccl_transport(sweep, gpus, fabrics, dist_env, settings, report):
+def test_nccl_transport(sweep, gpus, fabrics, dist_env, settings, report, nccl_log):
     sweep = sweep[0]
     report.classify("configuration", "triage")
-    log = bandwidth.own_nccl_log()
+    log = nccl_log
     mine = sorted(bandwidth.nccl_transports(log)) if log else []
     everyone = dist_env.agree(mine, "the NCCL transport report", lambda ranks: sorted(set().union(*ranks)))
     if not log:
@@ -156,7 +156,7 @@ def _judge_network_transport(mine, gpus, fabrics, dist_env, settings, report) ->
     RDMA up everywhere, or RDMA without GPUDirect where it should have it, is this rank's finding."""
     if dist_env.num_nodes < 2:
         return
-    node = identity.node_name()
+    node = dist_env.node
     nics = [p["pci_bus_id"] for p in (fabrics.get(node) or {}).get("ports", ()) if p.get("pci_bus_id")]
     bus = gpus[dist_env.device.index].pci_bus_id if dist_env.device.index < len(gpus) else None
     paths = fabric.gpu_nic_paths(settings.sysfs, [bus], nics) if bus and nics else {}

@@ -11,7 +11,7 @@ from stackproof.judge import data
 from stackproof.judge import fabric as network
 from stackproof.judge import pairwise as blame
 from stackproof.judge.promise import FAST, FULL, Needs
-from stackproof.measure import fabric, identity, pairwise, patterns, topology
+from stackproof.measure import fabric, pairwise, patterns, topology
 from stackproof.run import faults
 
 MiB = 1 << 20
@@ -93,7 +93,7 @@ def _blame(report, dist_env, verdict) -> None:
 def _line_rate_bar(dist_env, settings, per_node) -> pairwise.Bar:
     """The node pairs' bar from the NICs' line rate (judge/fabric.py), on GPU ranks only: CPU ranks' exchanges
     are held back by the cores they share, not by the NIC."""
-    fabrics = fabric.job_fabrics(dist_env, settings.sysfs, identity.node_name())
+    fabrics = fabric.job_fabrics(dist_env, settings.sysfs, dist_env.node)
     if not dist_env.is_gpu:
         return pairwise.Bar(None, "CPU (gloo) ranks: no bar from the NICs' line rate")
     expect = {n: network.expectation(f, [o for m, o in fabrics.items() if m != n], None) for n, f in fabrics.items()}
@@ -122,7 +122,7 @@ def test_local_pairs(layout, dist_env, settings, report):
                                                        settings.min_pair_gbps)
         return rounds
 
-    plans = dist_env.agree({"exchanges": first, "links": _links(dist_env), "node": identity.node_name()},
+    plans = dist_env.agree({"exchanges": first, "links": _links(dist_env), "node": dist_env.node},
                            "the local pair bandwidths", plan)
     second = _measure(dist_env, settings, [[tuple(p) for p in r] for r in plans[dist_env.node_rank]],
                       dist_env.local_rank, local)
@@ -164,7 +164,7 @@ def test_node_pairs(layout, dist_env, settings, report):
                                                        settings.min_pair_gbps, line)
         return retests
 
-    retests = dist_env.agree({"exchanges": first, "node": identity.node_name()}, "the node pair bandwidths", plan)
+    retests = dist_env.agree({"exchanges": first, "node": dist_env.node}, "the node pair bandwidths", plan)
     second = _measure(dist_env, settings, [[tuple(p) for p in r] for r in retests], dist_env.node_rank, rank_of)
     verdict = dist_env.agree(second, "the node pair re-tests",
                              lambda values: blame.node_verdict(kept["first"], values, per_node, nbytes))

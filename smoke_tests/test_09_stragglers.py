@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from stackproof.judge.promise import FULL, Needs
 from stackproof.judge.stragglers import late_ranks
-from stackproof.measure import identity, stragglers
+from stackproof.measure import stragglers
 from stackproof.run import faults
 
 # Not promised: ranks that share CPU cores, or one GPU (emulated nodes), have no one to be compared with.
@@ -114,7 +114,7 @@ def test_no_rank_arrives_late(phase, dist_env, settings, report, stack):
     if dist_env.rank in late:
         found = late[dist_env.rank]
         raise AssertionError(
-            f"{phase}: straggler: {identity.node_name()} {dist_env.device}: this rank's own work before the "
+            f"{phase}: straggler: {dist_env.node} {dist_env.device}: this rank's own work before the "
             f"collective took {found['found'] * 1e3:.1f} ms, "
             f"{(found['ratio'] - 1) * 100:.0f}% above the other ranks' median {found['reference'] * 1e3:.1f} ms "
             f"(expected at most +{tolerance:.0%}, --straggler-tolerance)")

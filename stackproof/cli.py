@@ -392,11 +392,10 @@ def _node_class(args: argparse.Namespace) -> int:
 
 
 def _warm_agent(args: argparse.Namespace) -> int:
-    import os
-
+    from stackproof import environment
     from stackproof.run import warm
 
-    return warm.serve(args.socket or os.environ.get(warm.SOCKET_ENV) or warm.DEFAULT_SOCKET, args.group, sys.stdout,
+    return warm.serve(args.socket or environment.WARM_SOCKET.get() or warm.DEFAULT_SOCKET, args.group, sys.stdout,
                       main)
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from stackproof import environment
 from stackproof.errors import ConfigError
 
 _S = TypeVar("_S", bound="Settings")
@@ -183,7 +183,7 @@ class Settings:
         """The settings of these flags; a field whose flag was not given takes its environment variable, if set
         (exit 2 naming the variable when its value does not parse or pass the field's check)."""
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-        environ = os.environ if environ is None else environ
+        environ = environment.current() if environ is None else environ
         problems = []
         for f in dataclasses.fields(cls):
             if f.metadata["positional"]:

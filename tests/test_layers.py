@@ -7,13 +7,13 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "stackproof"
-# Lowest first. The foundation (errors, settings, files, tools) is what every part may use; where the pins are
-# written (the matrix, its locks and the index they are checked against); the judge's pure rules and the typed
+# Lowest first. The foundation (errors, environment, settings, files, tools) is what every part may use; where the pins
+# are written (the matrix, its locks and the index they are checked against); the judge's pure rules and the typed
 # readings they read; the measurements; the run record and its renderings; the runner of the suite;
 # acting on nodes (the healthcheck runs the suite, then acts); building and shipping images; the entry points.
 LAYERS = [
-    {"stackproof", "stackproof.errors", "stackproof.settings", "stackproof.files", "stackproof.tools",
-     "stackproof.pipes"},
+    {"stackproof", "stackproof.errors", "stackproof.environment", "stackproof.settings", "stackproof.files",
+     "stackproof.tools", "stackproof.pipes"},
     {"stackproof.images.matrix", "stackproof.images.locks", "stackproof.images.index", "stackproof.images.metadata"},
     {"stackproof.judge"},
     {"stackproof.measure"},

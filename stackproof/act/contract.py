@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from stackproof import environment
 from stackproof.errors import Exit, Healthcheck
 
 BROKEN_METRIC = "stackproof_healthcheck_broken"
@@ -26,12 +27,12 @@ BROKEN_FILE = "stackproof-healthcheck.prom"
 BAD_INPUT, BAD_INPUT_FIX = "bad input", "correct the flag or setting the line above names (the install is fine)"
 # run/config.py's --reports and its variable (tests/test_act_contract.py holds them equal): read here by name,
 # because run/config.py may be what cannot be imported.
-REPORTS_FLAG, REPORTS_ENV = "--reports", "STACKPROOF_REPORTS"
+REPORTS_FLAG, REPORTS_ENV = "--reports", environment.REPORTS.name
 
 
-def reports_folder(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Path | None:
+def reports_folder(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Path | None:
     """The textfile folder: the run's --reports (the last one given wins, as argparse's), else its variable."""
-    found = env.get(REPORTS_ENV)
+    found = (environment.current() if env is None else env).get(REPORTS_ENV)
     for i, arg in enumerate(argv):
         if arg == REPORTS_FLAG and i + 1 < len(argv):
             found = argv[i + 1]

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -192,9 +193,11 @@ def run_id(reports_dir: Path, keep_runs: int, started: float) -> str:
     return history._iso(started)
 
 
-def reprove(validate_settings, settings, node: str, found: Standing, out: IO[str]) -> int:
+def reprove(validate_settings, settings, node: str, found: Standing, out: IO[str],
+            env: Mapping[str, str]) -> int:
     """Prove a node stackproof took out, with every tier of --reproof-tiers in turn, and return it, keep it out
-    with the new evidence, or hold it (a lemon). Exit: STAYS when returned, TAKEN_OUT when it stays out."""
+    with the new evidence, or hold it (a lemon). Exit: STAYS when returned, TAKEN_OUT when it stays out. `env`:
+    the environment healthcheck launches in (act/run.as_launcher)."""
 
     say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
     problem = reproof_problem(settings.reproof, validate_settings.tier)
@@ -212,18 +215,17 @@ def reprove(validate_settings, settings, node: str, found: Standing, out: IO[str
         with lock.held(guard, 0 if not settings.reproof_foreground else settings.act_timeout):
             detach = not settings.reproof_foreground
             if not detach:
-                return _reprove(validate_settings, settings, node, state, say, out)
-        return _detach(validate_settings, say)
+                return _reprove(validate_settings, settings, node, state, say, out, env)
+        return _detach(validate_settings, say, env)
     except tool.ActError as err:
         say(f"a re-proof of this node is already running ({str(err).partition('found it held by ')[2] or err}): "
             f"it stays out until that one passes; exit {int(Healthcheck.TAKEN_OUT)}")
         return Healthcheck.TAKEN_OUT
 
 
-def _detach(validate_settings, say) -> int:
+def _detach(validate_settings, say, env: Mapping[str, str]) -> int:
     """The re-proof in its own session (slurmd's kill of the HealthCheckProgram's process group does not reach
     it), this healthcheck's flags and --reproof-foreground; its output in reproof.log under --reports."""
-    import os
     import subprocess
     import sys
 
@@ -234,13 +236,14 @@ def _detach(validate_settings, say) -> int:
     argv = [sys.executable, "-m", "stackproof", "healthcheck", *given, "--reproof-foreground"]
     with open(log, "a") as sink:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                 start_new_session=True, env=os.environ.copy())
+                                 start_new_session=True, env=dict(env))
     say(f"re-proof started in the background (pid {child.pid}, its log {log}); this node stays out of service "
         f"until it passes; exit {int(Healthcheck.TAKEN_OUT)}")
     return Healthcheck.TAKEN_OUT
 
 
-def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[str]) -> int:
+def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[str],
+             env: Mapping[str, str]) -> int:
     from stackproof.run.config import BURN_HEADROOM_S
     from stackproof.run.launcher import launch
 
@@ -258,7 +261,7 @@ def _reprove(validate_settings, settings, node: str, state: Path, say, out: IO[s
         tiered = calls.writable_reports(tiered, say)
         started = time.time()
         try:
-            record = launch(tiered)
+            record = launch(tiered, env=env)
         except ConfigError as err:
             say(f"re-proof ({tier}): bad input: {err}")
             runs.append((tier, Exit.USAGE, None))

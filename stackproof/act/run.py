@@ -5,13 +5,14 @@ action and performs it through the scheduler's tool, on every node even when one
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+from stackproof import environment
 from stackproof.act import breaker, deadline, decide, hardware, kubernetes, resume, slurm, tool
 from stackproof.act import lock as breaker_lock
 from stackproof.act.commands import SCHEDULERS, run_commands, say_to, writable_reports
@@ -223,12 +224,11 @@ def bad_input(err: ConfigError, out: IO[str]) -> int:
     return STAYS
 
 
-def as_launcher(env: dict[str, str] | os._Environ = os.environ) -> list[str]:
-    """Forget the rank variables inherited from a job or srun (healthcheck launches its own ranks); the names."""
-    names = [k for k in list(env) if k in RANK_VARIABLES or k.startswith(RANK_PREFIXES)]
-    for name in names:
-        del env[name]
-    return names
+def as_launcher(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The environment healthcheck launches its own ranks in: `env` less the rank variables inherited from a job
+    or srun; and their names."""
+    names = [k for k in env if k in RANK_VARIABLES or k.startswith(RANK_PREFIXES)]
+    return {k: v for k, v in env.items() if k not in names}, names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +240,7 @@ class Plan:
     nothing_to_check: bool = False
 
 
-def plan(validate_settings: ValidateConfig, settings: ActConfig, env: dict[str, str] | os._Environ,
+def plan(validate_settings: ValidateConfig, settings: ActConfig, env: Mapping[str, str],
          bus: list[str] | None, use: list[hardware.GpuUse] | str | None = None) -> Plan:
     """A pure function of the flags, the environment, the PCI bus (`bus`: NVIDIA GPUs there) and, with
     --skip-busy-gpus, NVML's GPU use (`use`: None when not asked, a string when NVML could not say)."""
@@ -280,18 +280,18 @@ def healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[
     on one node (the hourly check and a job's Prolog) would each see the other's ranks on the GPUs."""
     clock = deadline.Deadline.start(settings.deadline)  # every blocking call below takes at most what it leaves
     say = lambda text: print(f"# stackproof healthcheck: {text}", file=out, flush=True)  # noqa: E731
-    forgot = as_launcher()
+    env, forgot = as_launcher(environment.current())
     if forgot:
         say(f"runs as this node's launcher, not as a rank: ignoring {', '.join(forgot)}")
     with breaker_lock.only_one(validate_settings.reports_dir) as holder:
         if holder:
             say(f"another healthcheck is checking this node ({holder}): this one judges nothing and acts on nothing")
             return _contract("validate not run (a check is already running)", None, out)
-        return _healthcheck(validate_settings, settings, out, clock, say)
+        return _healthcheck(validate_settings, settings, out, clock, say, env)
 
 
 def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO[str], clock: deadline.Deadline,
-                 say) -> int:
+                 say, env: Mapping[str, str]) -> int:
     from stackproof.run.launcher import launch
 
     use: list[hardware.GpuUse] | str | None = None
@@ -300,7 +300,7 @@ def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO
             use = hardware.gpu_use(clock.call_timeout(SURVEY_DEADLINE_S)) or "NVML cannot answer"
         except NvmlUnavailable as err:
             use = str(err)
-    the_plan = plan(validate_settings, settings, os.environ, nvidia_gpus_on_bus(validate_settings.pci_devices), use)
+    the_plan = plan(validate_settings, settings, env, nvidia_gpus_on_bus(validate_settings.pci_devices), use)
     for line in the_plan.said:
         say(line)
     if the_plan.nothing_to_check:
@@ -313,14 +313,14 @@ def _healthcheck(validate_settings: ValidateConfig, settings: ActConfig, out: IO
         return _contract("validate not run", None, out)
     if found.state == resume.OURS:
         try:
-            return resume.reprove(the_plan.validate, settings, the_plan.node, found, out)
+            return resume.reprove(the_plan.validate, settings, the_plan.node, found, out, env)
         except ConfigError as err:
             return bad_input(err, out)
     run_settings = writable_reports(deadline.fit(the_plan.validate, settings), say)
     looks = watermark.snapshot(run_settings.health_state_dir, the_plan.node)  # the evidence's last looks
     started = time.time()
     try:  # the ranks end in time to be stopped, and act keeps its budget after them
-        record = launch(run_settings, clock.before(deadline.STOP_S + settings.act_budget))
+        record = launch(run_settings, clock.before(deadline.STOP_S + settings.act_budget), env)
     except ConfigError as err:
         return bad_input(err, out)
     outcome = f"validate exit {int(record.exit_code)} ({record.exit_code.meaning})"

@@ -10,9 +10,7 @@ memory is each process's peak resident size there, not a GPU's.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
 import json
 import os
 import resource
@@ -193,31 +191,19 @@ def _worker(argv: list[str]) -> None:
     import torchvision
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
+    from stackproof.bench.rank import start
     from stackproof.measure import training
 
-    parser = argparse.ArgumentParser()
-    ParallelBench.add_arguments(parser)
-    parser.add_argument("--mode", choices=MODES, required=True)
-    parser.add_argument("--result", required=True)
-    args = parser.parse_args(argv)
-    settings = ParallelBench.from_args(argparse.Namespace(**{k: v for k, v in vars(args).items()
-                                                             if k not in ("mode", "result")}))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    on_gpu = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
+    me = start(ParallelBench, MODES, argv, alone=("dp",))  # DataParallel: one process, no group
+    settings, rank, world, on_gpu, device = me.settings, me.rank, me.world, me.on_gpu, me.device
     shape = training.TrainShape.for_device(on_gpu, settings.batch or (128 if on_gpu else 4),
                                            settings.image_size or (None if on_gpu else 32))
-    gpus = torch.cuda.device_count() if args.mode == "dp" and on_gpu else world
+    gpus = torch.cuda.device_count() if me.mode == "dp" and on_gpu else world
     memory_format = torch.channels_last if on_gpu else torch.contiguous_format
     model = torchvision.models.resnet50(num_classes=training.NUM_CLASSES).to(device, memory_format=memory_format)
-    if args.mode == "dp":
+    if me.mode == "dp":
         parallel, batch = DataParallel(model), shape.batch * (gpus if on_gpu else 1)
     else:
-        dist.init_process_group("nccl" if on_gpu else "gloo", timeout=datetime.timedelta(seconds=settings.timeout),
-                                device_id=device if on_gpu else None)
         parallel, batch = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None), shape.batch
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     images, labels = training.SyntheticImages(batch, shape.image_size).batch(range(batch))
@@ -230,27 +216,27 @@ def _worker(argv: list[str]) -> None:
 
     def sync():
         if on_gpu:
-            for index in range(gpus if args.mode == "dp" else 1):
-                torch.cuda.synchronize(index if args.mode == "dp" else device)
+            for index in range(gpus if me.mode == "dp" else 1):
+                torch.cuda.synchronize(index if me.mode == "dp" else device)
     split = _timed_split(parallel, optimizer, images, labels, autocast, sync, max(1, settings.steps // 2))
     if on_gpu:
-        indices = range(gpus) if args.mode == "dp" else [device.index]
+        indices = range(gpus) if me.mode == "dp" else [device.index]
         peaks = [torch.cuda.max_memory_allocated(i) / MiB for i in indices]
     else:
         peaks = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]  # KiB on Linux
     mine = {"img_per_s": img_per_s, "peaks": peaks, "split": split}
     everyone = [mine]
-    if args.mode == "ddp":
+    if me.mode == "ddp":
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
     if rank == 0:
-        Path(args.result).write_text(json.dumps(dataclasses.asdict(Result(
-            mode=args.mode, device=device.type, gpus=gpus, batch=batch * (world if args.mode == "ddp" else 1),
+        Path(me.result).write_text(json.dumps(dataclasses.asdict(Result(
+            mode=me.mode, device=device.type, gpus=gpus, batch=batch * (world if me.mode == "ddp" else 1),
             image_size=shape.image_size, img_per_s=float(sum(e["img_per_s"] for e in everyone)),
             peak_mib=[round(p, 1) for e in everyone for p in e["peaks"]],
             forward_ms=max(e["split"][0] for e in everyone), backward_ms=max(e["split"][1] for e in everyone),
             optimizer_ms=max(e["split"][2] for e in everyone)))))
-    if args.mode == "ddp":
+    if me.mode == "ddp":
         dist.barrier()
     os._exit(0)  # skip the NCCL/CUDA teardown: the result is written
 

@@ -8,9 +8,7 @@ On a machine without GPUs the same runs use CPU ranks (gloo) and small images, s
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
 import json
 import os
 import sys
@@ -139,26 +137,12 @@ def _worker(argv: list[str]) -> None:
     import torchvision
     from torch.nn.parallel import DistributedDataParallel
 
+    from stackproof.bench.rank import start
     from stackproof.measure import training
 
-    parser = argparse.ArgumentParser()
-    ResnetBench.add_arguments(parser)
-    parser.add_argument("--mode", choices=MODES, required=True)
-    parser.add_argument("--result", required=True)
-    args = parser.parse_args(argv)
-    settings = ResnetBench.from_args(argparse.Namespace(**{k: v for k, v in vars(args).items()
-                                                           if k not in ("mode", "result")}))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    on_gpu = torch.cuda.is_available()
-    if on_gpu:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
-    else:
-        device = torch.device("cpu")
+    me = start(ResnetBench, MODES, argv)
+    settings, rank, world, on_gpu, device = me.settings, me.rank, me.world, me.on_gpu, me.device
     shape = training.TrainShape.for_device(on_gpu, settings.batch or (None if on_gpu else 8), settings.image_size)
-    dist.init_process_group("nccl" if on_gpu else "gloo", timeout=datetime.timedelta(seconds=settings.timeout),
-                            device_id=device if on_gpu else None)
 
     memory_format = torch.channels_last if on_gpu else torch.contiguous_format
     model = torchvision.models.resnet50(num_classes=training.NUM_CLASSES).to(device, memory_format=memory_format)
@@ -166,7 +150,7 @@ def _worker(argv: list[str]) -> None:
     # Measured on one H200: plain 4701-4715 img/s, under DDP 4583 (4629 with bucket views).
     parallel = model if world == 1 else DistributedDataParallel(
         model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True)
-    trained = torch.compile(parallel, mode=settings.compile_mode) if args.mode == "compiled" else parallel
+    trained = torch.compile(parallel, mode=settings.compile_mode) if me.mode == "compiled" else parallel
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=on_gpu or None)
     images, labels = training.SyntheticImages(shape.batch, shape.image_size).batch(range(shape.batch))
     images, labels = images.to(device, memory_format=memory_format), labels.to(device)
@@ -184,10 +168,10 @@ def _worker(argv: list[str]) -> None:
     dist.all_gather_object(everyone, mine)
     if rank == 0:
         total = float(sum(everyone))
-        Path(args.result).write_text(json.dumps(dataclasses.asdict(Result(
-            gpus=world, device=device.type, mode=args.mode, batch=shape.batch, image_size=shape.image_size,
+        Path(me.result).write_text(json.dumps(dataclasses.asdict(Result(
+            gpus=world, device=device.type, mode=me.mode, batch=shape.batch, image_size=shape.image_size,
             img_per_s_total=total, img_per_s_per_gpu=total / world,
-            compile_s=first_step_s if args.mode == "compiled" else None))))
+            compile_s=first_step_s if me.mode == "compiled" else None))))
     dist.barrier()
     os._exit(0)  # skip the NCCL/CUDA teardown: the result is written
 

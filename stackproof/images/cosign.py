@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stackproof import environment
 from stackproof.errors import ConfigError, StackproofError
 from stackproof.images import registry
 from stackproof.tools import run_tool
@@ -49,7 +50,7 @@ def require_pinned_version() -> str:
 
 def password_env(password: str | None) -> dict[str, str]:
     # cosign reads the key's password from COSIGN_PASSWORD; an empty one is a valid choice for CI keys.
-    given = password if password is not None else os.environ.get("COSIGN_PASSWORD", "")
+    given = password if password is not None else environment.COSIGN_PASSWORD.get()
     return {**os.environ, "COSIGN_PASSWORD": given}
 
 

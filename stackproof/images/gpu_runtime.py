@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import re
 import shlex
 import shutil
@@ -18,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stackproof import environment
 from stackproof.errors import ConfigError
 
 DOCKER_TIMEOUT_S = 30
@@ -49,12 +49,12 @@ def engine_info(docker: str = "docker") -> dict:
 
 
 def _engine_is_local() -> bool:
-    host = os.environ.get("DOCKER_HOST", "")
+    host = environment.DOCKER_HOST.get()
     return not host or host.startswith("unix://")
 
 
 def _on_daemon_path(program: str) -> bool:
-    return shutil.which(program, path=f"{os.environ.get('PATH', '')}:{DAEMON_PATH}") is not None
+    return shutil.which(program, path=f"{environment.PATH.get()}:{DAEMON_PATH}") is not None
 
 
 def cdi_kinds(info: dict) -> set[str]:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"test-gpu: {found}", file=sys.stderr)
         return ConfigError.exit_code
     if not _engine_is_local():
-        print(f"test-gpu: note: DOCKER_HOST={os.environ['DOCKER_HOST']} is remote: {RUNTIME_HOOK} could not be "
+        print(f"test-gpu: note: DOCKER_HOST={environment.DOCKER_HOST.get()} is remote: {RUNTIME_HOOK} could not be "
               "looked for there; docker run will say if GPUs cannot be given", file=sys.stderr)
     return 0
 

@@ -32,9 +32,10 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
+from stackproof import environment
 from stackproof.errors import ConfigError
 
-CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stackproof" / "metadata"
+CACHE_DIR = Path(environment.XDG_CACHE_HOME.get() or Path.home() / ".cache") / "stackproof" / "metadata"
 TIMEOUT_S = 60
 PIP_TIMEOUT_S = 60
 _ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
@@ -73,7 +74,7 @@ def pip_index_urls(python: str = sys.executable) -> tuple[str, ...]:
 @cache
 def _ssl_context() -> ssl.SSLContext:
     # Behind a proxy the CA bundle comes from the same variables pip and curl honour; loaded once per process.
-    cafile = os.environ.get("SSL_CERT_FILE") or os.environ.get("PIP_CERT") or os.environ.get("REQUESTS_CA_BUNDLE")
+    cafile = next((v for v in (b.get() for b in environment.CA_BUNDLES) if v), None)
     return ssl.create_default_context(cafile=cafile if cafile and os.path.exists(cafile) else None)
 
 

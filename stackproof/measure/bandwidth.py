@@ -258,9 +258,8 @@ def transport_kind(transport: str) -> str:
     return transport.split("/")[0]
 
 
-def own_nccl_log() -> str | None:
-    """This process's NCCL_DEBUG_FILE, with NCCL's %h and %p filled in."""
-    pattern = os.environ.get("NCCL_DEBUG_FILE")
+def own_nccl_log(pattern: str | None) -> str | None:
+    """This process's NCCL log: the NCCL_DEBUG_FILE pattern the worker set (or the caller's), %h and %p filled in."""
     if not pattern:
         return None
     import socket

@@ -10,12 +10,12 @@ import ast
 import glob
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from stackproof import environment
 from stackproof.judge.readings import Reach
 
 PROBE_DEADLINE_S = 10.0  # cuInit / nvmlInit on a healthy node: well under a second
@@ -73,7 +73,7 @@ print(json.dumps([result, words, count.value if result == 0 else None]))
 def cuda_start(deadline_s: float = PROBE_DEADLINE_S) -> tuple[int | None, str, int | None]:
     """(cuInit's CUresult, its name, the devices CUDA counts) for every GPU of the container, as torch's first CUDA
     call would ask (None: libcuda.so.1 not loadable; NO_ANSWER: no answer within the deadline)."""
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env = environment.inherited(without=(environment.CUDA_VISIBLE_DEVICES.name,))
     try:
         done = subprocess.run([sys.executable, "-c", CUDA_PROBE], capture_output=True, text=True, env=env,
                               timeout=deadline_s)
@@ -109,4 +109,4 @@ def read(deadline_s: float = PROBE_DEADLINE_S) -> Reach:
     version, cuda = torch_build()
     files = tuple(sorted(path for path in glob.glob("/dev/nvidia[0-9]*") if path[len("/dev/nvidia"):].isdigit()))
     return Reach(nvml_error, nvml_words, nvml_gpus, cuda_error, cuda_words, cuda_gpus, version, cuda, files,
-                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+                 environment.CUDA_VISIBLE_DEVICES.get())

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 # The scheduler's name for the node is what a drain or a taint needs: Slurm sets SLURMD_NODENAME in every task;
@@ -34,17 +34,17 @@ class RankIdentity:
         return text
 
 
-def node_name(env: dict[str, str] | os._Environ = os.environ) -> str:
+def node_name(env: Mapping[str, str]) -> str:
+    """The scheduler's name for this node in `env` (the environment its entry point read), else the host name."""
     return next((env[name] for name in NODE_NAME_ENV if env.get(name)), socket.gethostname())
 
 
-def of_this_rank(rank: int, node_rank: int, local_rank: int, device_index: int | None,
-                 node: str | None = None) -> RankIdentity:
-    """`node`: the node's name as the settings give it (--node-name), else node_name()'s."""
+def of_this_rank(rank: int, node_rank: int, local_rank: int, device_index: int | None, node: str) -> RankIdentity:
+    """`node`: the node's name as the run resolved it (--node-name, else node_name()'s)."""
     gpu, problem = None, ""
     if device_index is not None:
         gpu, problem = _gpu(device_index)
-    return RankIdentity(rank, node or node_name(), socket.gethostname(), node_rank, local_rank, gpu, problem)
+    return RankIdentity(rank, node, socket.gethostname(), node_rank, local_rank, gpu, problem)
 
 
 def _gpu(device_index: int) -> tuple[dict[str, Any] | None, str]:

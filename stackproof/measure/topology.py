@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from stackproof import environment
 from stackproof.judge.bars import nvlink_pair_gbps, pcie_expected, pcie_peak_gbps
 from stackproof.judge.readings import Gpu
 
@@ -298,7 +299,7 @@ def by_uuid(inv: Inventory, uuid: str) -> Gpu | None:
 
 
 def cuda_visible_devices() -> str | None:
-    return os.environ.get("CUDA_VISIBLE_DEVICES")
+    return environment.CUDA_VISIBLE_DEVICES.get()
 
 
 def survey(pci_root: str = PCI_DEVICES, deadline_s: float = SURVEY_DEADLINE_S) -> Inventory | None:

@@ -5,10 +5,12 @@ command line, so every rank runs with exactly the same settings.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import os
 import re
+from typing import Any
 
+from stackproof import environment
 from stackproof.errors import ConfigError
 from stackproof.files import folder_problem
 from stackproof.judge.promise import TIERS
@@ -42,8 +44,8 @@ FAULTS = ("allreduce-add-one", "perturb-grad", "hang", "crash", "sdc", "slow-gpu
 BURN_DEFAULT_S, BURN_MIN_S, BURN_MAX_S = 60.0, 5.0, 3600.0
 # Time the burn tier needs beyond its soak: the fast tier's checks, warm-up, gathering the series.
 BURN_HEADROOM_S = 120.0
-REPORTS_ENV = "STACKPROOF_REPORTS"
-NODE_NAME_ENV = "STACKPROOF_NODE_NAME"
+REPORTS_ENV = environment.REPORTS.name
+NODE_NAME_ENV = environment.NODE_NAME.name
 STATE_DIR_ENV = "STACKPROOF_STATE_DIR"
 STATE_UNDER_REPORTS = "state"  # the state folder's default place: beside the runs, kept with them
 # A check may run this much longer than --timeout before the watchdog names the rank holding it up: the
@@ -237,14 +239,6 @@ class ValidateConfig(Settings):
 
     def __post_init__(self) -> None:
         problems = self.field_problems()
-        launched = os.environ.get(launch_env.LAUNCHED_ENV)
-        if launched is not None:
-            try:
-                launch_env.launched()
-            except ValueError as err:
-                problems.append(f"{launch_env.LAUNCHED_ENV}={launched!r} (set by the launcher that starts the "
-                                f"ranks): {err}; fix: unset it, or set it to 1 only where a launcher settles the "
-                                "verdict afterwards (stackproof's own sets its start time)")
         if self.timeout > self.run_timeout:
             problems.append(f"--timeout {self.timeout:g} must not exceed --run-timeout {self.run_timeout:g}")
         if self.tier == "burn" and self.burn_seconds + BURN_HEADROOM_S > self.run_timeout:
@@ -268,6 +262,20 @@ class ValidateConfig(Settings):
         if self.node_rank is not None and self.node_rank >= self.nnodes:
             problems.append(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
         self.refuse(problems, "stackproof validate --help")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Any = None) -> ValidateConfig:
+        """The settings, and what a launcher tells a rank through the environment (launch_env.told), checked
+        with them: a value that is neither a switch nor a time is bad input here, before anything starts."""
+        environ = environment.current() if environ is None else environ
+        launched = environ.get(launch_env.LAUNCHED_ENV)
+        try:
+            launch_env.told(environ)
+        except ValueError as err:
+            cls.refuse([f"{launch_env.LAUNCHED_ENV}={launched!r} (set by the launcher that starts the ranks): {err}; "
+                        "fix: unset it, or set it to 1 only where a launcher settles the verdict afterwards "
+                        "(stackproof's own sets its start time)"], "stackproof validate --help")
+        return super().from_args(args, environ)
 
     def pair_tolerance_on(self, gpu: bool) -> float | None:
         """--pair-tolerance, or the GPUs' default (also CPU ranks' when --min-pair-gbps asks them to be judged);

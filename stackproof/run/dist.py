@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import datetime
 import json
-import os
 import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,6 +19,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from stackproof import environment
 from stackproof.errors import RankTimeout
 from stackproof.run import phases
 from stackproof.run.launch_env import adopt_slurm_env, launched_by_a_launcher, world_size_from_env
@@ -53,6 +53,7 @@ class DistEnv:
     # A second connection to the same store, for the watchdog thread: a client connection is busy while the
     # main thread waits on it.
     side_store: dist.Store | None = None
+    node: str = ""  # this node's name as the run resolved it (--node-name, else the scheduler's, else the host's)
     _seq: int = 0
 
     @property
@@ -133,16 +134,20 @@ class DistEnv:
                 self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
 
 
-def init(rendezvous_timeout_s: float, timeout_s: float) -> DistEnv:
-    """Join the world (or make a world of one) and create the default process group: NCCL on GPUs, gloo on CPU."""
-    adopt_slurm_env(os.environ)  # type: ignore[arg-type]
+def init(rendezvous_timeout_s: float, timeout_s: float, node: str = "") -> DistEnv:
+    """Join the world (or make a world of one) and create the default process group: NCCL on GPUs, gloo on CPU.
+    The world is the one the launcher put in the environment (read here, through stackproof/environment.py, and
+    written back for torch's env:// rendezvous); `node`: this node's name as the run resolved it."""
+    env = dict(environment.current())
+    adopt_slurm_env(env)
     # Set where every rank starts (our launcher, torchrun, srun, Kubernetes alike); a user's own choice stands.
-    os.environ.setdefault(*NCCL_ERROR_HANDLING)
-    os.environ.setdefault(*NCCL_GRAPH_MIXING)
-    if not launched_by_a_launcher():
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    env.setdefault(*NCCL_ERROR_HANDLING)
+    env.setdefault(*NCCL_GRAPH_MIXING)
+    if not launched_by_a_launcher(env):
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    environment.export(env)
+    local_rank = int(environment.LOCAL_RANK.get(env))
     # The CUDA context first: its set-up overlaps with the other ranks' start-up, which the rendezvous waits for.
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
@@ -152,8 +157,8 @@ def init(rendezvous_timeout_s: float, timeout_s: float) -> DistEnv:
         device, backend = torch.device("cpu"), "gloo"
     phases.mark("cuda_ready")
     store, rank, world_size = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=rendezvous_timeout_s)))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
-    node_rank = int(os.environ.get("GROUP_RANK") or rank // max(1, local_world_size))
+    local_world_size = int(environment.LOCAL_WORLD_SIZE.get(env) or world_size)
+    node_rank = int(environment.GROUP_RANK.get(env) or rank // max(1, local_world_size))
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world_size,
                             timeout=timeout, device_id=device if backend == "nccl" else None)
@@ -162,12 +167,12 @@ def init(rendezvous_timeout_s: float, timeout_s: float) -> DistEnv:
     def connection(timeout_s: float) -> dist.Store:
         """A connection of stackproof's own to rank 0's store: the agreement's (a blocking get waits as long
         as its timeout) and the watchdog's (it must not queue behind the main thread's wait)."""
-        client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        client = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                                timeout=datetime.timedelta(seconds=timeout_s))
         return dist.PrefixStore("stackproof", client)
 
     return DistEnv(rank, world_size, connection(timeout_s + ANSWER_GRACE_S), timeout_s, local_rank, local_world_size,
-                   node_rank, backend, device, side_store=connection(rendezvous_timeout_s))
+                   node_rank, backend, device, side_store=connection(rendezvous_timeout_s), node=node)
 
 
 def shutdown() -> None:

@@ -5,9 +5,11 @@ out its rendezvous."""
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import re
+from collections.abc import Mapping
 
+from stackproof import environment
 from stackproof.errors import ConfigError
 from stackproof.measure.stall import NVML_DEADLINE_S
 
@@ -15,11 +17,11 @@ from stackproof.measure.stall import NVML_DEADLINE_S
 # scripts/slurm): a rank then exits 0 whenever its checks ran, so rank 0 is not stopped before it writes the
 # verdict, and rank 0 leaves the printing of the final table to that launcher. Its value, when a number, is when
 # stackproof's launcher started (epoch seconds), for report.json's phases.
-LAUNCHED_ENV = "STACKPROOF_LAUNCHED"
+LAUNCHED_ENV = environment.LAUNCHED.name
 # Set by stackproof's launcher: when it stops the ranks (epoch seconds: --run-timeout from their start). The
 # per-check watchdog fires VERDICT_S before it whatever its own limit, so a hang is named by rank 0's verdict, not
 # lost to the launcher's stop (a run stopped by --run-timeout names nobody and acts on nothing).
-RUN_ENDS_ENV = "STACKPROOF_RUN_ENDS"
+RUN_ENDS_ENV = environment.RUN_ENDS.name
 # What rank 0 needs once its watchdog fired at the run's end: every rank's answer (all fire at that same moment; a
 # stalled GPU rank's includes NVML's reading of its GPU, at most stall.NVML_DEADLINE_S; watchdog.py waits at most
 # what is left), then the stacks into the logs and the verdict written.
@@ -63,18 +65,18 @@ def adopt_slurm_env(env: dict[str, str]) -> None:
     env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
 
 
-def launched_by_a_launcher(env: dict[str, str] | os._Environ = os.environ) -> bool:
+def launched_by_a_launcher(env: Mapping[str, str]) -> bool:
     return "RANK" in env or ("SLURM_PROCID" in env and _int(env.get("SLURM_NTASKS", "1"), 1) > 1)
 
 
-def launcher_started(env: dict[str, str] | os._Environ = os.environ) -> float | None:
+def launcher_started(env: Mapping[str, str]) -> float | None:
     try:
         return float(env.get(LAUNCHED_ENV, ""))
     except ValueError:
         return None  # "1": a script that settles the verdict, not stackproof's launcher
 
 
-def run_ends(env: dict[str, str] | os._Environ = os.environ) -> float | None:
+def run_ends(env: Mapping[str, str]) -> float | None:
     """When the launcher stops the ranks (RUN_ENDS_ENV, epoch seconds), or None: no launcher of ours said."""
     try:
         return float(env.get(RUN_ENDS_ENV, ""))
@@ -82,7 +84,7 @@ def run_ends(env: dict[str, str] | os._Environ = os.environ) -> float | None:
         return None
 
 
-def launched(env: dict[str, str] | os._Environ = os.environ) -> bool:
+def launched(env: Mapping[str, str]) -> bool:
     """Whether a launcher settles the verdict afterwards: STACKPROOF_LAUNCHED set to a switch (1, a script's) or
     to the launcher's start time (stackproof's). Raises ValueError for anything else."""
     from stackproof.settings import parse_switch
@@ -91,11 +93,25 @@ def launched(env: dict[str, str] | os._Environ = os.environ) -> bool:
     return launcher_started(env) is not None or parse_switch(value)
 
 
-def world_size_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
+@dataclasses.dataclass(frozen=True)
+class Told:
+    """What the launcher that started this rank told it (environment.LAUNCHED, environment.RUN_ENDS): read once,
+    where the rank reads its settings, and handed down."""
+    settles: bool = False  # a launcher settles the verdict afterwards: the rank exits 0 whenever its checks ran
+    started: float | None = None  # when stackproof's launcher started (report.json's phases)
+    run_ends: float | None = None  # when the launcher stops the ranks (the watchdog fires before)
+
+
+def told(env: Mapping[str, str]) -> Told:
+    """The launcher's word to this rank; a ValueError when STACKPROOF_LAUNCHED is neither a switch nor a time."""
+    return Told(launched(env), launcher_started(env), run_ends(env))
+
+
+def world_size_from_env(env: Mapping[str, str]) -> int:
     return int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
 
 
-def check_launcher_env(env: dict[str, str] | os._Environ = os.environ) -> None:
+def check_launcher_env(env: Mapping[str, str]) -> None:
     """A world that cannot be joined is bad input before anything starts: a RANK that is not a number, RANK
     without the rest of the world's variables, or Slurm's task variables in a batch script that forgot srun."""
     def or_unset(names: str) -> str:
@@ -126,7 +142,7 @@ def check_launcher_env(env: dict[str, str] | os._Environ = os.environ) -> None:
                           f"{or_unset('RANK and WORLD_SIZE')}")
 
 
-def _check_slurm(env: dict[str, str] | os._Environ) -> None:
+def _check_slurm(env: Mapping[str, str]) -> None:
     """Slurm's variables that adopt_slurm_env would make a world of, as srun sets them: whole numbers, the task
     inside the step, a node list that parses. Otherwise a rank waits out its rendezvous, silently."""
     fix = ("fix: start the ranks with srun (it sets SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_NODELIST together), or "

@@ -14,15 +14,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Mapping
 
+from stackproof import environment
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge import hardware
 from stackproof.judge.findings import Finding
 from stackproof.measure import pins, topology
 from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
-from stackproof.run import early_cuda, local_ranks, phases, settle, warm
+from stackproof.run import local_ranks, phases, settle, warm
 from stackproof.run.config import NODE_NAME_ENV, ValidateConfig
 from stackproof.run.deadline import Deadline
 from stackproof.run.launch_env import (
@@ -36,15 +39,16 @@ from stackproof.run.visibility import hardware_verdict
 
 KILL_GRACE_S = local_ranks.KILL_GRACE_S
 
-def check_input(settings: ValidateConfig) -> None:
-    """Bad input ends the run here, with exit 2, before any rank starts."""
-    if os.environ.get("PYTEST_ADDOPTS"):
-        raise ConfigError(f"PYTEST_ADDOPTS={os.environ['PYTEST_ADDOPTS']!r} is set: the suite runs its own pytest; "
-                          "fix: unset it, and pass pytest options after -- (stackproof validate -- -x)")
-    check_launcher_env(os.environ)
+def check_input(settings: ValidateConfig, env: Mapping[str, str]) -> None:
+    """Bad input ends the run here, with exit 2, before any rank starts. `env`: the environment it was started
+    with (environment.current(), or healthcheck's, less a job's rank variables)."""
+    if environment.PYTEST_ADDOPTS.get(env):
+        raise ConfigError(f"PYTEST_ADDOPTS={environment.PYTEST_ADDOPTS.get(env)!r} is set: the suite runs its own "
+                          "pytest; fix: unset it, and pass pytest options after -- (stackproof validate -- -x)")
+    check_launcher_env(env)
     _check_selection(settings.select)
     # A missing/invalid file or image: exit 2.
-    pins.expected(settings.expect_file, settings.image, os.environ, settings.expect_declared)
+    pins.expected(settings.expect_file, settings.image, env, settings.expect_declared)
 
 
 def _check_selection(select: str | None) -> None:
@@ -62,25 +66,31 @@ def _check_selection(select: str | None) -> None:
 
 def validate(settings: ValidateConfig) -> int:
     """`stackproof validate`: this process is a rank (started by torchrun or srun), or the launcher."""
-    check_input(settings)
-    if launched_by_a_launcher():
-        adopt_slurm_env(os.environ)  # type: ignore[arg-type]
-        early_cuda.start(int(os.environ.get("LOCAL_RANK", "0")))  # meanwhile:
+    env = environment.current()  # read once: what the launcher (torchrun, srun, ours) told this process
+    check_input(settings, env)
+    if launched_by_a_launcher(env):
+        world = dict(env)
+        adopt_slurm_env(world)
+        environment.export(world)  # torch.distributed's env:// reads RANK, WORLD_SIZE, MASTER_ADDR ... there
+        threading.Thread(target=_early_cuda_context, args=(int(environment.LOCAL_RANK.get(world)),),
+                         name="stackproof-early-cuda", daemon=True).start()  # meanwhile:
         from stackproof.run import worker  # imports torch
 
-        return worker.run(settings)
-    return int(launch(settings).exit_code)
+        return worker.run(settings, world)
+    return int(launch(settings, env=env).exit_code)
 
 
-def launch(settings: ValidateConfig, clock: Deadline | None = None) -> Report:
+def launch(settings: ValidateConfig, clock: Deadline | None = None, env: Mapping[str, str] | None = None) -> Report:
     """Start this node's ranks and return the run's settled record (printed, and written to the reports folder).
     `clock`: when the ranks must be stopped by (healthcheck's --deadline less stopping them and acting): the NVML
-    survey and the ranks each take at most what it leaves (the ranks' --run-timeout included)."""
-    check_input(settings)
+    survey and the ranks each take at most what it leaves (the ranks' --run-timeout included). `env`: the
+    environment to start them in (default: this process's)."""
+    env = environment.current() if env is None else env
+    check_input(settings, env)
     started = phases.process_started()
     survey_s = topology.SURVEY_DEADLINE_S if clock is None else clock.call_timeout(topology.SURVEY_DEADLINE_S)
     inventory = topology.survey(settings.pci_devices, survey_s)  # NVML only: no CUDA context, no torch
-    chosen = settings.visible_devices or topology.cuda_visible_devices()
+    chosen = settings.visible_devices or environment.CUDA_VISIBLE_DEVICES.get(env)
     visible = (len(topology.visible(inventory, chosen)) if inventory is not None else gpus_without_nvml())
     nproc = visible or settings.nproc  # one rank per visible GPU
     settings.check_world(nproc * settings.nnodes)
@@ -98,7 +108,7 @@ def launch(settings: ValidateConfig, clock: Deadline | None = None) -> Report:
         if clock is not None:  # the survey's time, or the part of it NVML did not take, is the ranks'
             ranks_s = max(1.0, clock.call_timeout(settings.run_timeout))
             settings = dataclasses.replace(settings, run_timeout=ranks_s, timeout=min(settings.timeout, ranks_s))
-        env = {**os.environ, LAUNCHED_ENV: f"{started:.3f}",
+        env = {**env, LAUNCHED_ENV: f"{started:.3f}",
                # the name resolved once (--node-name / healthcheck's --node): every node_name() of the ranks says it
                **({NODE_NAME_ENV: settings.node_name} if settings.node_name else {}),
                **({"CUDA_VISIBLE_DEVICES": settings.visible_devices} if settings.visible_devices else {})}
@@ -135,10 +145,15 @@ def _unkillable(settings: ValidateConfig, stuck: list[dict], inventory: topology
         gpu = gpus[rank["rank"]] if rank["rank"] < len(gpus) else None
         finding = hardware.unkillable(rank["rank"], rank["pid"], rank["state"], rank["wchan"],
                                       gpu.index if gpu else None, gpu.uuid if gpu else "n/a")
-        found.append(finding.at(node=settings.node_name or node_name(), rank=rank["rank"],
+        found.append(finding.at(node=_node(settings), rank=rank["rank"],
                                 pci_bus_id=(gpu.pci_bus_id or "") if gpu else "",
                                 source="launcher: stopping the ranks"))
     return found
+
+
+def _node(settings: ValidateConfig) -> str:
+    """This node's name as the run resolved it (--node-name), else the scheduler's, else the host's."""
+    return settings.node_name or node_name(environment.current())
 
 
 def _after_signals(settings: ValidateConfig, failures: list[dict], inventory: topology.Inventory | None,
@@ -165,7 +180,7 @@ def _after_signals(settings: ValidateConfig, failures: list[dict], inventory: to
         for finding in hardware.after_a_signal(failure["rank"], died_on, gpu, None if now is None else now.gpus, xids,
                                                None if now is None else now.unreachable,
                                                "" if now is None else now.stalled):
-            found.append(finding.at(node=settings.node_name or node_name(), rank=failure["rank"],
+            found.append(finding.at(node=_node(settings), rank=failure["rank"],
                                     pci_bus_id=gpu.pci_bus_id or "", source=f"launcher: rank {failure['rank']} "
                                                                             f"died on {died_on}"))
     return found
@@ -176,6 +191,21 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def _early_cuda_context(local_rank: int) -> None:
+    """A rank's CUDA context, created while the rank imports torch: `import torch` takes seconds and needs no GPU,
+    creating the context takes most of a second and needs no torch. The context made here through the driver API
+    is the device's primary context, the one the CUDA runtime (torch) uses, so torch.cuda.set_device later finds
+    it ready. Best effort: whatever fails here, torch's own initialisation meets again, and reports."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return  # no driver here: torch sees no GPU, and the run says so
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    # ctypes releases the GIL during each call: the import goes on meanwhile. Any error code: leave it to torch.
+    if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), local_rank) == 0:
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
 
 
 def gpus_without_nvml() -> int:

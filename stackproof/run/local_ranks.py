@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from stackproof import environment
 from stackproof.run.launch_env import RUN_ENDS_ENV
 
 KILL_GRACE_S = 10.0
@@ -34,7 +35,7 @@ POLL_S = 0.05
 # written and flushed, and that has nothing left to say to its peers, writes one line there (leaving()) just before
 # it exits, so the launcher times the ranks' own teardown (the process's exit: CUDA's context and the driver's
 # memory given back) and bounds it.
-LEAVING_FD_ENV = "STACKPROOF_LEAVING_FD"
+LEAVING_FD_ENV = environment.LEAVING_FD.name
 # How long ranks that all said they are leaving may take to be gone before they are stopped (SIGKILL, then
 # KILL_WAIT_S): what is left is the kernel's and the driver's teardown of the process, well under this on a
 # healthy node (benchmarks/startup.py prints it: "records complete -> ranks gone").
@@ -76,11 +77,11 @@ def leaving(rank: int, code: int) -> None:
         os.write(fd, (json.dumps({"rank": rank, "exit": int(code), "at": time.time()}) + "\n").encode())
 
 
-def take_leaving_fd(env: dict[str, str] | os._Environ = os.environ) -> None:
+def take_leaving_fd() -> None:
     """In a rank, at its start: keep the pipe the launcher named (LEAVING_FD_ENV) and take the name out of the
     environment, so that no process the rank starts writes to an fd of that number."""
     global _leaving_fd
-    value = env.pop(LEAVING_FD_ENV, None)
+    value = environment.forget(LEAVING_FD_ENV).get(LEAVING_FD_ENV)
     with contextlib.suppress(ValueError, OSError):
         fd = int(value or "")
         if stat.S_ISFIFO(os.fstat(fd).st_mode):

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import pytest
 
+from stackproof import environment
 from stackproof.errors import ConfigError, Exit, RankTimeout
 from stackproof.judge import consensus, exceptions, promise
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
@@ -30,7 +31,7 @@ from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
 from stackproof.run import faults, phases, readings, smoke_tests_dir
 from stackproof.run.config import ValidateConfig
-from stackproof.run.launch_env import launcher_started, run_ends
+from stackproof.run.launch_env import Told, launcher_started, run_ends
 from stackproof.run.watchdog import CheckWatchdog
 
 DIST_KEY = pytest.StashKey[sp_dist.DistEnv]()
@@ -39,7 +40,8 @@ SETTINGS_KEY = pytest.StashKey[ValidateConfig]()
 WATCHDOG_KEY = pytest.StashKey[CheckWatchdog]()
 STDOUT_KEY = pytest.StashKey[IO[str]]()
 # Under stackproof's own launcher (or scripts/torchrun) the launcher prints the final table; rank 0 does otherwise.
-LAUNCHED_KEY = pytest.StashKey[bool]()
+TOLD_KEY = pytest.StashKey[Told]()
+NCCL_LOG_KEY = pytest.StashKey[str | None]()  # NCCL's log file pattern (%h, %p), or None: no log
 PHASES_KEY = pytest.StashKey[list]()
 FIGURES_KEY = pytest.StashKey[dict]()
 PENDING_KEY = pytest.StashKey[list]()
@@ -60,10 +62,11 @@ READINGS_KEY = pytest.StashKey[readings.Early]()
 
 
 class Handover:
-    """How the worker hands its objects to the plugin: the settings, the contract's stdout, who prints."""
+    """How the worker hands its objects to the plugin: the settings, the contract's stdout, what its launcher told
+    it (who prints, when the run ends), where NCCL logs."""
 
-    def __init__(self, settings: ValidateConfig, stdout: IO[str] | None, launched: bool):
-        self.settings, self.stdout, self.launched = settings, stdout, launched
+    def __init__(self, settings: ValidateConfig, stdout: IO[str] | None, told: Told, nccl_log: str | None):
+        self.settings, self.stdout, self.told, self.nccl_log = settings, stdout, told, nccl_log
         self.verdict: int | None = None  # what the run ended with, as this rank learnt it
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -73,7 +76,8 @@ class Handover:
     def pytest_configure(self, config: pytest.Config) -> None:
         config.stash[SETTINGS_KEY] = self.settings
         config.stash[STDOUT_KEY] = self.stdout
-        config.stash[LAUNCHED_KEY] = self.launched
+        config.stash[TOLD_KEY] = self.told
+        config.stash[NCCL_LOG_KEY] = self.nccl_log
         config.stash[WORKER_KEY] = True
 
 
@@ -131,17 +135,22 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = config.stash.get(SETTINGS_KEY, None) or ValidateConfig()
     config.stash[SETTINGS_KEY] = settings
     config.stash.setdefault(STDOUT_KEY, sys.stdout)
-    config.stash.setdefault(LAUNCHED_KEY, False)
+    if TOLD_KEY not in config.stash:  # pytest run on the suite directly, not by the worker: nobody settles after it
+        given = environment.current()
+        config.stash[TOLD_KEY] = Told(False, launcher_started(given), run_ends(given))
+        config.stash[NCCL_LOG_KEY] = environment.NCCL_DEBUG_FILE.get(given) or None
+    told = config.stash[TOLD_KEY]
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
     config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # meanwhile: CUDA's context, the world
-    config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout)
+    node = settings.node_name or identity.node_name(environment.current())  # resolved once, for every check
+    config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout, node)
     config.stash[REPORT_KEY] = report = Report(settings=settings.to_json())
     mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None,
-                                 node=settings.node_name)
+                                 node)
     config.stash[IDENTITY_KEY] = mine
     everyone = env.gather({**mine.__dict__, "phases": phases.so_far()}, "start-up (who is where)")
     if env.is_main:
-        report.context["phases"] = {"launcher_started": launcher_started(),
+        report.context["phases"] = {"launcher_started": told.started,
                                     "ranks": [entry.pop("phases") for entry in everyone or []]}
         report.ranks = everyone or []
         report.world = {"size": env.world_size, "nodes": len({i["node"] for i in report.ranks}),
@@ -151,7 +160,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[WATCHDOG_KEY] = CheckWatchdog(env, settings.watchdog_s,
                                                lambda nodeid, message, ranks: _stalled(config, nodeid, message, ranks),
                                                suite_dirs=(smoke_tests_dir(),), node=mine.node,
-                                               run_ends=run_ends())
+                                               run_ends=told.run_ends)
 
 
 def declaration(item: pytest.Item) -> promise.Declaration:
@@ -231,6 +240,14 @@ def dist_env(request: pytest.FixtureRequest) -> sp_dist.DistEnv:
 @pytest.fixture(scope="session")
 def settings(request: pytest.FixtureRequest) -> ValidateConfig:
     return request.config.stash[SETTINGS_KEY]
+
+
+@pytest.fixture(scope="session")
+def nccl_log(request: pytest.FixtureRequest) -> str | None:
+    """This rank's NCCL log file (the worker's pattern with NCCL's %h and %p filled in), or None: no log."""
+    from stackproof.measure import bandwidth
+
+    return bandwidth.own_nccl_log(request.config.stash[NCCL_LOG_KEY])
 
 
 @pytest.fixture(scope="session")
@@ -418,7 +435,7 @@ def _finish(config: pytest.Config, report: Report) -> None:
     report.context["syncs"] = config.stash[DIST_KEY]._seq
     report.context["peak_rss_bytes_rank0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     path = outputs.write(report, config.stash[SETTINGS_KEY].reports_dir)
-    if not config.stash[LAUNCHED_KEY]:
+    if not config.stash[TOLD_KEY].settles:
         print(f"#\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
 
 

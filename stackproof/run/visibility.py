@@ -5,9 +5,9 @@ that shows N NVIDIA GPUs there must show N to NVML and CUDA, and the ones that f
 
 from __future__ import annotations
 
-import os
 from typing import IO
 
+from stackproof import environment
 from stackproof.errors import Exit
 from stackproof.judge import hardware, reach
 from stackproof.judge.expectation import BUS, expected_gpus
@@ -24,7 +24,7 @@ def hardware_verdict(settings: ValidateConfig, inventory: topology.Inventory | N
     show, are findings on those GPUs: the record is written with them and the run ends with Exit.FAILED (none
     visible at all: no_gpu_verdict's Exit.NO_GPU)."""
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices) or []
-    expected = expected_gpus(settings.expect_gpus, os.environ, bus)
+    expected = expected_gpus(settings.expect_gpus, environment.current(), bus)
     lost = inventory.unreachable if inventory else {}
     findings = [hardware.unreachable(index, error) for index, error in lost.items()]
     findings += [hardware.nvml_stalled(inventory.stalled)] if inventory and inventory.stalled else []
@@ -48,7 +48,7 @@ def no_gpu_record(settings: ValidateConfig, visible: int, out: IO[str], write_re
     """The record of exit 3, after saying so (and writing it, with the judge's finding), when GPUs are expected
     and none is visible (fewer than expected, but some, is the GPU check's failure: it names them)."""
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
-    expected = expected_gpus(settings.expect_gpus, os.environ, bus)
+    expected = expected_gpus(settings.expect_gpus, environment.current(), bus)
     if not expected.count or visible:
         return None
     cause = why_no_gpu(expected.count, expected.why)
@@ -69,7 +69,7 @@ def why_no_gpu(expected: int, why: str) -> Finding:
 def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], findings: list[Finding],
               write_report: bool = True, **context) -> Report:
     """The record of a run that ends before its ranks: its findings, on this node; the verdict, then the path."""
-    node = settings.node_name or identity.node_name()
+    node = settings.node_name or identity.node_name(environment.current())
     report = Report(override=(code, message), complete=True, settings=settings.to_json(),
                     findings=[f.at(node=node) for f in findings])
     report.context.update(context)

@@ -45,11 +45,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from stackproof import environment
 from stackproof.errors import ConfigError  # torch-free at import: run/config.py and the launcher read this
 
 # Where the systemd unit's RuntimeDirectory puts it (deploy/systemd/stackproof-warm-agent.service).
 DEFAULT_SOCKET = "/run/stackproof/warm.sock"
-SOCKET_ENV = "STACKPROOF_WARM_SOCKET"  # read as ValidateConfig.warm_socket's (run/config.py)
+SOCKET_ENV = environment.WARM_SOCKET.name  # read as ValidateConfig.warm_socket's (run/config.py)
 # How long the launcher waits for the agent's answer to a request before starting cold: it answers at once
 # when idle, and a fork takes milliseconds.
 ANSWER_TIMEOUT_S = 5.0
@@ -69,7 +70,7 @@ def sameness() -> dict[str, str]:
     import stackproof
 
     return {"python": os.path.realpath(sys.executable), "stackproof": str(Path(stackproof.__file__).resolve()),
-            "pythonpath": os.environ.get("PYTHONPATH", ""), "protocol": PROTOCOL}
+            "pythonpath": environment.PYTHONPATH.get(), "protocol": PROTOCOL}
 
 
 def cuda_driver_loaded() -> bool:
@@ -302,13 +303,12 @@ def _become_rank(request: dict, fds: list[int], selector: selectors.BaseSelector
     for fd in fds[:2]:
         os.close(fd)
     os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    environment.replace(request["env"])
     from stackproof.run import local_ranks
 
-    os.environ.pop(local_ranks.LEAVING_FD_ENV, None)  # the launcher's number for it is not this process's
+    environment.forget(local_ranks.LEAVING_FD_ENV)  # the launcher's number for it is not this process's
     if leaving:
-        os.environ[local_ranks.LEAVING_FD_ENV] = str(leaving[0])
+        environment.export({local_ranks.LEAVING_FD_ENV: str(leaving[0])})
     from stackproof.run import phases
 
     phases.reset()  # this process's own start (the fork), not the agent's
@@ -317,7 +317,7 @@ def _become_rank(request: dict, fds: list[int], selector: selectors.BaseSelector
         if module is not None and getattr(module, "__file__", None):
             importlib.reload(module)
     phases.mark("torch_imported")  # already: the point of the agent
-    threads = os.environ.get("OMP_NUM_THREADS")
+    threads = environment.OMP_NUM_THREADS.get()
     if threads and threads.isdigit():  # the OpenMP runtime read the agent's environment at its import
         import torch
 

@@ -27,6 +27,7 @@ from typing import IO
 import torch.distributed
 
 import stackproof
+from stackproof import environment
 from stackproof.judge import hang
 from stackproof.judge.findings import Finding
 from stackproof.measure import identity, stall
@@ -84,7 +85,7 @@ def stall_answer(waiting: bool, where: str, gpu: dict | None, node: str = "") ->
     """What a rank says when the watchdog fires: where its main thread is (Python, and below it), and, for a
     stalled rank on a GPU, what NVML says of the GPU meanwhile (judge/hang.py pins the hang, or not). `node`: the
     name the run resolved for this node (--node-name), which a drain names; the environment's only without one."""
-    answer = {"waiting": waiting, "where": where, "node": node or identity.node_name()}
+    answer = {"waiting": waiting, "where": where, "node": node or identity.node_name(environment.current())}
     if waiting:
         return answer
     native = stall.native()

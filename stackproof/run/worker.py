@@ -10,18 +10,18 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
 import pytest
 
-from stackproof import pipes
+from stackproof import environment, pipes
 from stackproof.errors import ConfigError, Exit
 from stackproof.report.record import Report, ReportUnreadable
 from stackproof.run import launch_env, local_ranks, phases, settle, smoke_tests_dir, watchdog
 from stackproof.run.config import ValidateConfig
-from stackproof.run.dist import adopt_slurm_env, world_size_from_env
+from stackproof.run.dist import world_size_from_env
 from stackproof.run.plugin import Handover
 from stackproof.run.visibility import no_gpu_verdict
 
@@ -53,48 +53,51 @@ def _logged_to(path: Path) -> Iterator[IO[str]]:
         contract.close()
 
 
-def _nccl_debug_to_file(reports) -> None:
-    """NCCL says which transport it chose only at INFO level: send that to a file the bandwidth check reads."""
-    if "NCCL_DEBUG" in os.environ:
-        return
+def _nccl_debug_to_file(reports, env: Mapping[str, str]) -> str | None:
+    """NCCL says which transport it chose only at INFO level: send that to a file, whose pattern (NCCL's %h, %p)
+    the bandwidth check is handed; where the caller set NCCL_DEBUG, NCCL's log is theirs (its file, if any)."""
+    if environment.NCCL_DEBUG.name in env:
+        return environment.NCCL_DEBUG_FILE.get(env) or None
     (reports / "nccl").mkdir(parents=True, exist_ok=True)
-    os.environ["NCCL_DEBUG"] = "INFO"
-    os.environ["NCCL_DEBUG_FILE"] = str((reports / "nccl" / "nccl.%h.%p.log").resolve())
+    pattern = str((reports / "nccl" / "nccl.%h.%p.log").resolve())
+    environment.export({environment.NCCL_DEBUG.name: "INFO", environment.NCCL_DEBUG_FILE.name: pattern})
+    return pattern
 
 
 _held: list[settle.Claim] = []
 
 
-def run(settings: ValidateConfig) -> int:
-    """Run this rank, then leave at once: the verdict is written and every rank has read it (the plugin's last
-    agreement, through the store), so nothing of the proof is left to lose. No process-group teardown: no
+def run(settings: ValidateConfig, env: Mapping[str, str]) -> int:
+    """Run this rank (`env`: what its launcher told it, Slurm's variables adopted as torch's), then leave at
+    once: the verdict is written and every rank has read it (the plugin's last agreement, through the store), so
+    nothing of the proof is left to lose. No process-group teardown: no
     collective is outstanding and no peer waits on this rank, and NCCL's destroy (a flush, then the
     communicators' and their threads' end; bounded to 1 s of the 1.3 s the exit took on an H200 at e3b2c64) frees
     only what the exit frees anyway; nor the interpreter's own exit (torch's objects, atexit, finalizers). The
     launcher is told the rank leaves (with its exit code) and bounds what the kernel's and the driver's teardown
     of the process still take."""
     local_ranks.take_leaving_fd()  # before any check: no process the rank starts sees it
-    code = _run(settings)
+    code = _run(settings, env)
     sys.stdout.flush()
     sys.stderr.flush()
-    local_ranks.leaving(int(os.environ.get("RANK", "0")), int(code))
+    local_ranks.leaving(int(environment.RANK.get(env) or 0), int(code))
     os._exit(int(code))
 
 
-def _run(settings: ValidateConfig) -> int:
-    adopt_slurm_env(os.environ)  # type: ignore[arg-type]
-    launched = launch_env.launched()
-    rank = int(os.environ.get("RANK", "0"))
+def _run(settings: ValidateConfig, env: Mapping[str, str]) -> int:
+    told = launch_env.told(env)  # checked with the settings (ValidateConfig.from_args)
+    launched = told.settles
+    rank = int(environment.RANK.get(env) or 0)
     reports = settings.reports_dir
     import torch
 
     no_gpu = no_gpu_verdict(settings, torch.cuda.device_count(), sys.stdout, write_report=rank == 0)
     if no_gpu is not None:
         return no_gpu
-    settings.check_world(world_size_from_env())
+    settings.check_world(world_size_from_env(env))
     if rank == 0 and not launched:  # started by torchrun or srun directly: nobody prepared the folder
         _held.append(settle.prepare(reports))  # held until this process ends
-    _nccl_debug_to_file(reports)
+    nccl_log = _nccl_debug_to_file(reports, env)
     log = reports / "logs" / f"rank{rank}.log"
     suite = smoke_tests_dir()
     # no:unraisableexception: at exit it runs gc.collect() until nothing is left, 0.75 s over torch's objects.
@@ -103,7 +106,7 @@ def _run(settings: ValidateConfig) -> int:
             "--rootdir", str(suite),
             "-c", str(suite / "pytest.ini"),
             *(("-k", settings.select) if settings.select else ()), *settings.pytest_args]
-    handover = Handover(settings, None, launched)
+    handover = Handover(settings, None, told, nccl_log)
     with _logged_to(log) as contract:
         handover.stdout = contract
         watchdog.send_stacks_to(os.fdopen(os.dup(2), "w", buffering=1))  # the log, past pytest's capture
