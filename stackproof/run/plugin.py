@@ -26,7 +26,7 @@ from stackproof.errors import ConfigError, Exit, RankTimeout
 from stackproof.judge import consensus, exceptions, promise
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
-from stackproof.report import outputs
+from stackproof.report import outputs, terminal
 from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
 from stackproof.run import faults, phases, readings, smoke_tests_dir
@@ -436,7 +436,7 @@ def _finish(config: pytest.Config, report: Report) -> None:
     report.context["peak_rss_bytes_rank0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     path = outputs.write(report, config.stash[SETTINGS_KEY].reports_dir)
     if not config.stash[TOLD_KEY].settles:
-        print(f"#\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
+        print(f"#\n{terminal.table(report)}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
