@@ -142,7 +142,7 @@ def pytest_configure(config: pytest.Config) -> None:
     told = config.stash[TOLD_KEY]
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
     config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # meanwhile: CUDA's context, the world
-    node = settings.node_name or identity.node_name(environment.current())  # resolved once, for every check
+    node = settings.node  # resolved once, for every check
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout, node)
     config.stash[REPORT_KEY] = report = Report(settings=settings.to_json())
     mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None,
