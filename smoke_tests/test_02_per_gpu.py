@@ -259,6 +259,7 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
+    expected = bars.pcie_expected(gpu)  # (gen, width): the link read under load is held to it
     errors: dict[str, str] = {}
     seed = patterns.seed_of("pcie", dist_env.rank, gpu.uuid)
     placed = {}
@@ -282,7 +283,7 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
             handle = health.handle_of(nvml, gpu.uuid)
             # An idle link drops its generation to save power: read it while the copies run over it.
             h2d, link, wrong = copies.to_device(
-                during=lambda: health.pcie_link_under_load(nvml, handle, errors, gpu))
+                during=lambda: health.pcie_link_under_load(nvml, handle, errors, expected))
         d2h = copies.to_host()
         # A copy below its bar is timed again, from fresh buffers (each try its own: the earlier ones stay held,
         # so the allocator hands none of them out again), and the best counts: the host's other work or where a
@@ -315,9 +316,8 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
         raise error or check_error
     _delivered(report, gpu, [("host-to-device copy", f"{copies.nbytes} B from pinned memory", wrong_h2d),
                              ("device-to-host copy", f"{copies.nbytes} B into pinned memory", wrong_d2h)])
-    expected_gen, expected_width = bars.pcie_expected(gpu)
     report.figure("copy_tries", placed.get("tries", 0))
-    report.figure("pcie_under_load", f"gen{gen} x{width} (the GPU's own max gen{expected_gen} x{expected_width})")
+    report.figure("pcie_under_load", f"gen{gen} x{width} (the GPU's own max gen{expected[0]} x{expected[1]})")
     report.hint("check the link (lspci -vv: LnkSta vs LnkCap), the slot's BIOS settings, and that the rank runs "
                 "on the GPU's NUMA node (nvidia-smi topo -m)")
     where = _where(gpu, dist_env.device)

@@ -26,7 +26,7 @@ from stackproof.errors import ConfigError, Exit, RankTimeout
 from stackproof.judge import consensus, exceptions, promise
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
-from stackproof.report import outputs
+from stackproof.report import outputs, terminal
 from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
 from stackproof.run import faults, phases, readings, smoke_tests_dir
@@ -142,7 +142,7 @@ def pytest_configure(config: pytest.Config) -> None:
     told = config.stash[TOLD_KEY]
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
     config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # meanwhile: CUDA's context, the world
-    node = settings.node_name or identity.node_name(environment.current())  # resolved once, for every check
+    node = settings.node  # resolved once, for every check
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout, node)
     config.stash[REPORT_KEY] = report = Report(settings=settings.to_json())
     mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None,
@@ -436,7 +436,7 @@ def _finish(config: pytest.Config, report: Report) -> None:
     report.context["peak_rss_bytes_rank0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     path = outputs.write(report, config.stash[SETTINGS_KEY].reports_dir)
     if not config.stash[TOLD_KEY].settles:
-        print(f"#\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
+        print(f"#\n{terminal.table(report)}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
