@@ -63,10 +63,12 @@ READINGS_KEY = pytest.StashKey[readings.Early]()
 
 class Handover:
     """How the worker hands its objects to the plugin: the settings, the contract's stdout, what its launcher told
-    it (who prints, when the run ends), where NCCL logs."""
+    it (who prints, when the run ends), where NCCL logs, the readings it started early."""
 
-    def __init__(self, settings: ValidateConfig, stdout: IO[str] | None, told: Told, nccl_log: str | None):
+    def __init__(self, settings: ValidateConfig, stdout: IO[str] | None, told: Told, nccl_log: str | None,
+                 early: readings.Early | None = None):
         self.settings, self.stdout, self.told, self.nccl_log = settings, stdout, told, nccl_log
+        self.early = early  # started before the rank imported torch
         self.verdict: int | None = None  # what the run ended with, as this rank learnt it
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -79,6 +81,8 @@ class Handover:
         config.stash[TOLD_KEY] = self.told
         config.stash[NCCL_LOG_KEY] = self.nccl_log
         config.stash[WORKER_KEY] = True
+        if self.early is not None:
+            config.stash[READINGS_KEY] = self.early
 
 
 class Recorder:
@@ -141,7 +145,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[NCCL_LOG_KEY] = environment.NCCL_DEBUG_FILE.get(given) or None
     told = config.stash[TOLD_KEY]
     config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
-    config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # meanwhile: CUDA's context, the world
+    if READINGS_KEY not in config.stash:  # the worker started them before torch's import; else now, beside
+        config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # CUDA's context and the world's join
     node = settings.node  # resolved once, for every check
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout, node)
     config.stash[REPORT_KEY] = report = Report(settings=settings.to_json())
