@@ -3,6 +3,7 @@ host <-> device copies, GEMM throughput, XID events during the run) against bars
 (stackproof/judge), with no collective inside a measurement. The ranks agree afterwards: on the odd digest out,
 and on the GPU below its model's median. These checks measure and hand over; stackproof/judge decides."""
 
+import concurrent.futures
 import dataclasses
 import functools
 import os
@@ -25,6 +26,8 @@ HOST = socket.gethostname()
 # Every GPU's figure goes into the check's line up to this many GPUs; all of them always go into report.json.
 FIGURES_PER_GPU_UP_TO = 8
 GiB = 1 << 30
+# How long test_sdc_digest may wait for the CPU's part, made ahead (0.45 s on an H200's host).
+ANSWERS_S = 120.0
 
 
 def _local(step):
@@ -113,6 +116,15 @@ def xid_watch(own, settings, dist_env):
         watch.close()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def answers():
+    """The CPU's part of the GEMM digest and the exact GEMM (fixed-seed inputs, the exact product: 0.45 s on an
+    H200's host), made in a thread of its own from the module's first check, while the memory test and the HBM
+    copies keep the GPU busy; test_sdc_digest reads them. The same inputs and answers, made earlier."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stackproof-answers") as pool:
+        yield {"digest": pool.submit(gpu_proof.digest_inputs), "exact": pool.submit(gpu_proof.exact_inputs)}
+
+
 def _where(gpu: topology.Gpu, device: torch.device) -> str:
     return f"{HOST} GPU {gpu.index} ({device}, {gpu.uuid}, serial {gpu.serial or 'n/a'}, PCI {gpu.pci_bus_id or 'n/a'})"
 
@@ -165,37 +177,6 @@ def test_health_history(own, xid_watch, dist_env, report):
     report.found(*found)
     report.hint("act on each finding's fix; nvidia-smi -q on the host shows the same NVML records")
     assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))
-
-
-def test_sdc_digest(own, dist_env, settings, report):
-    gpu = own[0]
-    report.classify("gpu-hardware", "isolate")
-    perturb = faults.active(settings, "sdc", dist_env.rank)
-    computed, error = _local(lambda: (gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb),
-                                      gpu_proof.digest_chain(dist_env.device, perturb=perturb)))
-    wrong, digest = computed or ({}, None)
-    model = _model(dist_env.device)
-    verdict = dist_env.agree({"model": model, "digest": digest, "exact": error is None and not any(wrong.values())},
-                             "the GEMM digests", decide=per_gpu.odd_ones_out_by_model)
-    if error is not None:
-        raise error
-    odd = {entry["rank"]: entry for entry in verdict["odd"]}
-    report.figure("digest", digest[:16])
-    report.figure("exact_gemm_mismatches", sum(wrong.values()))
-    report.hint("drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named; "
-                "a GPU that computes wrong must not train")
-    where = _where(gpu, dist_env.device)
-    assert not any(wrong.values()), (
-        f"{where}: a GEMM on integers in {{-1, 0, 1}} (exact in every dtype) must equal the CPU's answer; "
-        f"found elements that differ: {wrong}")
-    if dist_env.rank in odd:
-        report.classify("gpu-hardware", odd[dist_env.rank]["severity"])  # a tie names no GPU to isolate
-        expected = odd[dist_env.rank]["expected"]
-        assert expected is not None, (
-            f"{where}: the {model} GPUs of this job disagree on the GEMM-chain digest and none has a majority "
-            f"(this GPU: {digest[:16]}); one of them computes wrong: rerun with a third GPU of the model")
-        raise AssertionError(f"{where}: GEMM-chain digest {digest[:16]}, expected {expected[:16]} like the other "
-                             f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
 def test_memory_holds_patterns(own, first_on_gpu, dist_env, report):
@@ -253,6 +234,39 @@ def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
     assert rate >= bar.value, (
             f"{_where(gpu, dist_env.device)}: device-to-device copy {rate / 1e12:.2f} TB/s (read + write), "
             f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
+
+
+def test_sdc_digest(own, dist_env, settings, report, answers):
+    """After the memory test and the HBM copies: the CPU made this check's inputs and answer meanwhile."""
+    gpu = own[0]
+    report.classify("gpu-hardware", "isolate")
+    perturb = faults.active(settings, "sdc", dist_env.rank)
+    computed, error = _local(lambda: (
+        gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb, inputs=answers["exact"].result(ANSWERS_S)),
+        gpu_proof.digest_chain(dist_env.device, perturb=perturb, inputs=answers["digest"].result(ANSWERS_S))))
+    wrong, digest = computed or ({}, None)
+    model = _model(dist_env.device)
+    verdict = dist_env.agree({"model": model, "digest": digest, "exact": error is None and not any(wrong.values())},
+                             "the GEMM digests", decide=per_gpu.odd_ones_out_by_model)
+    if error is not None:
+        raise error
+    odd = {entry["rank"]: entry for entry in verdict["odd"]}
+    report.figure("digest", digest[:16])
+    report.figure("exact_gemm_mismatches", sum(wrong.values()))
+    report.hint("drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named; "
+                "a GPU that computes wrong must not train")
+    where = _where(gpu, dist_env.device)
+    assert not any(wrong.values()), (
+        f"{where}: a GEMM on integers in {{-1, 0, 1}} (exact in every dtype) must equal the CPU's answer; "
+        f"found elements that differ: {wrong}")
+    if dist_env.rank in odd:
+        report.classify("gpu-hardware", odd[dist_env.rank]["severity"])  # a tie names no GPU to isolate
+        expected = odd[dist_env.rank]["expected"]
+        assert expected is not None, (
+            f"{where}: the {model} GPUs of this job disagree on the GEMM-chain digest and none has a majority "
+            f"(this GPU: {digest[:16]}); one of them computes wrong: rerun with a third GPU of the model")
+        raise AssertionError(f"{where}: GEMM-chain digest {digest[:16]}, expected {expected[:16]} like the other "
+                             f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
 def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):

@@ -25,15 +25,21 @@ def one_ulp_up(tensor: torch.Tensor) -> torch.Tensor:
 DIGEST_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def digest_chain(device: torch.device, n: int = 2048, steps: int = 8, seed: int = 20260101,
-                 perturb: bool = False) -> str:
-    """sha256 of a chain of GEMMs (x <- tanh(x @ w), in bf16 and in fp32) from fixed-seed inputs made on the CPU.
-    cuBLAS gives bit-identical results on GPUs of the same architecture and SM count, so every GPU of one model
-    must produce the same digest; a GPU that computes wrong (silent data corruption) produces another.
-    `perturb` moves one input element by one ulp (the sdc fault)."""
+def digest_inputs(n: int = 2048, steps: int = 8, seed: int = 20260101) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The GEMM chain's fixed-seed inputs, made on the CPU (the start and a weight per step): the CPU's part of
+    the digest (0.3 s on an H200's host), made apart so that it can run beside the GPU's other checks."""
     generator = torch.Generator().manual_seed(seed)
     start = torch.randn(n, n, generator=generator)
-    weights = [torch.randn(n, n, generator=generator) / math.sqrt(n) for _ in range(steps)]
+    return start, [torch.randn(n, n, generator=generator) / math.sqrt(n) for _ in range(steps)]
+
+
+def digest_chain(device: torch.device, n: int = 2048, steps: int = 8, seed: int = 20260101,
+                 perturb: bool = False, inputs: tuple[torch.Tensor, list[torch.Tensor]] | None = None) -> str:
+    """sha256 of a chain of GEMMs (x <- tanh(x @ w), in bf16 and in fp32) from fixed-seed inputs made on the CPU
+    (`inputs`: digest_inputs(n, steps, seed), made ahead). cuBLAS gives bit-identical results on GPUs of the same
+    architecture and SM count, so every GPU of one model must produce the same digest; a GPU that computes wrong
+    (silent data corruption) produces another. `perturb` moves one input element by one ulp (the sdc fault)."""
+    start, weights = inputs or digest_inputs(n, steps, seed)
     digest = hashlib.sha256()
     for dtype in DIGEST_DTYPES:
         x = start.to(dtype)
@@ -44,17 +50,25 @@ def digest_chain(device: torch.device, n: int = 2048, steps: int = 8, seed: int 
     return digest.hexdigest()
 
 
-def exact_gemm_mismatches(device: torch.device, m: int = 2048, k: int = 256, seed: int = 20260102,
-                          perturb: bool = False) -> dict[str, int]:
-    """Elements that differ from the exact answer, per dtype, of a GEMM on integers in {-1, 0, 1}: with k = 256
-    every partial sum is an integer of at most 256, exact in bf16 and fp32 whatever the order or precision of
-    the reduction, so the GPU's result must equal the CPU's bit for bit. This needs no other GPU to compare with,
-    so it names a bad GPU even in a job of two (where no digest has a majority)."""
+def exact_inputs(m: int = 2048, k: int = 256, seed: int = 20260102) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(a, b, a @ b) of the exact GEMM, on integers in {-1, 0, 1}, the product in float64 on the CPU (0.14 s on an
+    H200's host), made apart so that it can run beside the GPU's other checks."""
     generator = torch.Generator().manual_seed(seed)
     a = torch.randint(-1, 2, (m, k), generator=generator).double()
     b = torch.randint(-1, 2, (k, m), generator=generator).double()
     a[0, 0] = 1.0  # a one-ulp move of a non-zero element changes the products it enters
-    want = a @ b
+    return a, b, a @ b
+
+
+def exact_gemm_mismatches(device: torch.device, m: int = 2048, k: int = 256, seed: int = 20260102,
+                          perturb: bool = False,
+                          inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> dict[str, int]:
+    """Elements that differ from the exact answer, per dtype, of a GEMM on integers in {-1, 0, 1} (`inputs`:
+    exact_inputs(m, k, seed), made ahead): with k = 256 every partial sum is an integer of at most 256, exact in
+    bf16 and fp32 whatever the order or precision of the reduction, so the GPU's result must equal the CPU's bit
+    for bit. This needs no other GPU to compare with, so it names a bad GPU even in a job of two (where no digest
+    has a majority)."""
+    a, b, want = inputs or exact_inputs(m, k, seed)
     wrong = {}
     for dtype in DIGEST_DTYPES:
         left = one_ulp_up(a.to(dtype)) if perturb else a.to(dtype)
