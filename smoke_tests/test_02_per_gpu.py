@@ -26,7 +26,7 @@ HOST = socket.gethostname()
 # Every GPU's figure goes into the check's line up to this many GPUs; all of them always go into report.json.
 FIGURES_PER_GPU_UP_TO = 8
 GiB = 1 << 30
-# How long test_sdc_digest may wait for the CPU's part, made ahead (0.45 s on an H200's host).
+# How long a check may wait for its host part, made ahead (0.6 s on an H200's host).
 ANSWERS_S = 120.0
 
 
@@ -116,13 +116,24 @@ def xid_watch(own, settings, dist_env):
         watch.close()
 
 
+def _pinned_near(gpu: topology.Gpu, device: torch.device, pci_devices: str) -> tuple[torch.Tensor, bool]:
+    """Pinned memory from the GPU's own NUMA node, as a NUMA-bound training rank has it (DMA from the other node's
+    memory crosses the socket link, which says nothing of the GPU or its PCIe link); and whether sysfs named it."""
+    torch.cuda.set_device(device)  # a thread starts on GPU 0: pin in this rank's GPU's context
+    with topology.near(gpu.pci_bus_id, pci_devices) as cpus:
+        return gpu_proof.pinned(), bool(cpus)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def answers():
-    """The CPU's part of the GEMM digest and the exact GEMM (fixed-seed inputs, the exact product: 0.45 s on an
-    H200's host), made in a thread of its own from the module's first check, while the memory test and the HBM
-    copies keep the GPU busy; test_sdc_digest reads them. The same inputs and answers, made earlier."""
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stackproof-answers") as pool:
-        yield {"digest": pool.submit(gpu_proof.digest_inputs), "exact": pool.submit(gpu_proof.exact_inputs)}
+def ahead():
+    """The host's part of checks, made in a thread of its own beside the GPU's work of the checks before them
+    (the same inputs, answers and memory, made earlier): from the module's first check, the GEMM digest's and the
+    exact GEMM's inputs and the exact product (0.6 s on an H200's host), while the memory test and the HBM copies
+    keep the GPU busy; from test_sdc_digest's start, the copies' pinned memory (0.26 s; beside the memory test it
+    slowed that test's launches, a figure a baseline compares). {"pool", and a future per name}."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stackproof-ahead") as pool:
+        yield {"pool": pool, "digest": pool.submit(gpu_proof.digest_inputs),
+               "exact": pool.submit(gpu_proof.exact_inputs)}
 
 
 def _where(gpu: topology.Gpu, device: torch.device) -> str:
@@ -236,14 +247,15 @@ def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
             f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
 
 
-def test_sdc_digest(own, dist_env, settings, report, answers):
+def test_sdc_digest(own, dist_env, settings, report, ahead):
     """After the memory test and the HBM copies: the CPU made this check's inputs and answer meanwhile."""
     gpu = own[0]
+    ahead["pinned"] = ahead["pool"].submit(_pinned_near, gpu, dist_env.device, settings.pci_devices)
     report.classify("gpu-hardware", "isolate")
     perturb = faults.active(settings, "sdc", dist_env.rank)
     computed, error = _local(lambda: (
-        gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb, inputs=answers["exact"].result(ANSWERS_S)),
-        gpu_proof.digest_chain(dist_env.device, perturb=perturb, inputs=answers["digest"].result(ANSWERS_S))))
+        gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb, inputs=ahead["exact"].result(ANSWERS_S)),
+        gpu_proof.digest_chain(dist_env.device, perturb=perturb, inputs=ahead["digest"].result(ANSWERS_S))))
     wrong, digest = computed or ({}, None)
     model = _model(dist_env.device)
     verdict = dist_env.agree({"model": model, "digest": digest, "exact": error is None and not any(wrong.values())},
@@ -269,7 +281,7 @@ def test_sdc_digest(own, dist_env, settings, report, answers):
                              f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
-def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
+def test_host_device_copies(own, first_on_gpu, dist_env, settings, report, ahead):
     gpu = own[0]
     report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
@@ -278,16 +290,14 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     seed = patterns.seed_of("pcie", dist_env.rank, gpu.uuid)
     placed = {}
 
-    def buffers() -> gpu_proof.HostCopies:
-        # Pinned memory from the GPU's own NUMA node, as a NUMA-bound training rank has it: DMA from the other
-        # node's memory crosses the socket link, which says nothing of the GPU or its PCIe link.
-        with topology.near(gpu.pci_bus_id, settings.pci_devices) as cpus:
-            made = gpu_proof.HostCopies(dist_env.device, seed)
-        placed["near"] = bool(cpus)
+    def buffers(taken: concurrent.futures.Future | None = None) -> gpu_proof.HostCopies:
+        host, placed["near"] = taken.result(ANSWERS_S) if taken else _pinned_near(gpu, dist_env.device,
+                                                                                  settings.pci_devices)
+        made = gpu_proof.HostCopies(dist_env.device, seed, host=host)
         made.prepare()  # the host's part of the data check (512 MiB written on the CPU): outside the timed turns
         return made
 
-    copies, error = _local(buffers)
+    copies, error = _local(lambda: buffers(ahead.get("pinned")))
     report.figure("host_memory", "the GPU's NUMA node" if placed.get("near") else
                   "where the rank runs (sysfs names no NUMA node)")
 

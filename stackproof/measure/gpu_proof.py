@@ -25,55 +25,60 @@ def one_ulp_up(tensor: torch.Tensor) -> torch.Tensor:
 DIGEST_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def digest_inputs(n: int = 2048, steps: int = 8, seed: int = 20260101) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The GEMM chain's fixed-seed inputs, made on the CPU (the start and a weight per step): the CPU's part of
-    the digest (0.3 s on an H200's host), made apart so that it can run beside the GPU's other checks."""
+Inputs = dict[torch.dtype, tuple[torch.Tensor, ...]]  # per dtype of DIGEST_DTYPES, on the CPU
+
+
+def digest_inputs(n: int = 2048, steps: int = 8, seed: int = 20260101) -> Inputs:
+    """The GEMM chain's fixed-seed inputs, made on the CPU, in each dtype: (start, weight per step...). The CPU's
+    part of the digest (0.4 s on an H200's host), made apart so that it can run beside the GPU's other checks."""
     generator = torch.Generator().manual_seed(seed)
     start = torch.randn(n, n, generator=generator)
-    return start, [torch.randn(n, n, generator=generator) / math.sqrt(n) for _ in range(steps)]
+    weights = [torch.randn(n, n, generator=generator) / math.sqrt(n) for _ in range(steps)]
+    return {dtype: (start.to(dtype), *(w.to(dtype) for w in weights)) for dtype in DIGEST_DTYPES}
 
 
 def digest_chain(device: torch.device, n: int = 2048, steps: int = 8, seed: int = 20260101,
-                 perturb: bool = False, inputs: tuple[torch.Tensor, list[torch.Tensor]] | None = None) -> str:
+                 perturb: bool = False, inputs: Inputs | None = None) -> str:
     """sha256 of a chain of GEMMs (x <- tanh(x @ w), in bf16 and in fp32) from fixed-seed inputs made on the CPU
     (`inputs`: digest_inputs(n, steps, seed), made ahead). cuBLAS gives bit-identical results on GPUs of the same
     architecture and SM count, so every GPU of one model must produce the same digest; a GPU that computes wrong
     (silent data corruption) produces another. `perturb` moves one input element by one ulp (the sdc fault)."""
-    start, weights = inputs or digest_inputs(n, steps, seed)
+    inputs = inputs or digest_inputs(n, steps, seed)
     digest = hashlib.sha256()
     for dtype in DIGEST_DTYPES:
-        x = start.to(dtype)
-        x = (one_ulp_up(x) if perturb else x).to(device)
+        start, *weights = inputs[dtype]
+        x = (one_ulp_up(start) if perturb else start).to(device)
         for w in weights:
-            x = torch.tanh(x @ w.to(dtype).to(device))
+            x = torch.tanh(x @ w.to(device))
         digest.update(x.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
-def exact_inputs(m: int = 2048, k: int = 256, seed: int = 20260102) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(a, b, a @ b) of the exact GEMM, on integers in {-1, 0, 1}, the product in float64 on the CPU (0.14 s on an
-    H200's host), made apart so that it can run beside the GPU's other checks."""
+def exact_inputs(m: int = 2048, k: int = 256, seed: int = 20260102) -> Inputs:
+    """(a, b, a @ b) of the exact GEMM in each dtype, on integers in {-1, 0, 1}, the product in float64 on the CPU
+    (0.2 s on an H200's host), made apart so that it can run beside the GPU's other checks."""
     generator = torch.Generator().manual_seed(seed)
     a = torch.randint(-1, 2, (m, k), generator=generator).double()
     b = torch.randint(-1, 2, (k, m), generator=generator).double()
     a[0, 0] = 1.0  # a one-ulp move of a non-zero element changes the products it enters
-    return a, b, a @ b
+    want = a @ b
+    return {dtype: (a.to(dtype), b.to(dtype), want.to(dtype)) for dtype in DIGEST_DTYPES}
 
 
 def exact_gemm_mismatches(device: torch.device, m: int = 2048, k: int = 256, seed: int = 20260102,
-                          perturb: bool = False,
-                          inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> dict[str, int]:
+                          perturb: bool = False, inputs: Inputs | None = None) -> dict[str, int]:
     """Elements that differ from the exact answer, per dtype, of a GEMM on integers in {-1, 0, 1} (`inputs`:
     exact_inputs(m, k, seed), made ahead): with k = 256 every partial sum is an integer of at most 256, exact in
     bf16 and fp32 whatever the order or precision of the reduction, so the GPU's result must equal the CPU's bit
     for bit. This needs no other GPU to compare with, so it names a bad GPU even in a job of two (where no digest
     has a majority)."""
-    a, b, want = inputs or exact_inputs(m, k, seed)
+    inputs = inputs or exact_inputs(m, k, seed)
     wrong = {}
     for dtype in DIGEST_DTYPES:
-        left = one_ulp_up(a.to(dtype)) if perturb else a.to(dtype)
-        found = (left.to(device) @ b.to(dtype).to(device)).cpu()
-        wrong[str(dtype).removeprefix("torch.")] = int((found != want.to(dtype)).sum())
+        a, b, want = inputs[dtype]
+        left = one_ulp_up(a) if perturb else a
+        found = (left.to(device) @ b.to(device)).cpu()
+        wrong[str(dtype).removeprefix("torch.")] = int((found != want).sum())
     return wrong
 
 
@@ -110,6 +115,12 @@ def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup:
 
 
 COPY_TRIES = 3  # host<->device copies timed at most this many times while below their bar; the best counts
+HOST_COPY_BYTES = 512 << 20
+
+
+def pinned(nbytes: int = HOST_COPY_BYTES) -> torch.Tensor:
+    """Page-locked host memory, as DataLoader's pin_memory gives (0.26 s per 512 MiB on an H200's host)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
 class HostCopies:
@@ -118,10 +129,12 @@ class HostCopies:
     on the GPU), device-to-host carries another (written on the GPU, checked on the CPU). `prepare` and
     `check_host` do the CPU's part (about 0.1 s per 512 MiB) outside the timed turns of the node's GPUs."""
 
-    def __init__(self, device: torch.device, seed: int, nbytes: int = 512 << 20):
+    def __init__(self, device: torch.device, seed: int, nbytes: int = HOST_COPY_BYTES,
+                 host: torch.Tensor | None = None):
+        """`host`: pinned memory of `nbytes` taken ahead (pinned()); else taken here."""
         self.device, self.nbytes = device, nbytes
         self.seeds = (seed, patterns.seed_of("device-to-host", seed))
-        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.host = pinned(nbytes) if host is None else host
         self.on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def prepare(self) -> None:
@@ -145,7 +158,7 @@ class HostCopies:
         return patterns.first_wrong(self.host, self.seeds[1])
 
 
-def pinned_copy_bytes_per_s(device: torch.device, to_device: bool, nbytes: int = 512 << 20, warmup: int = 2,
+def pinned_copy_bytes_per_s(device: torch.device, to_device: bool, nbytes: int = HOST_COPY_BYTES, warmup: int = 2,
                             iters: int = 10, during: Callable[[], object] | None = None) -> tuple[float, object]:
     """Host <-> device bandwidth one way, unchecked (benchmarks/per_gpu_spread.py's figure)."""
     copies = HostCopies(device, 0, nbytes)
