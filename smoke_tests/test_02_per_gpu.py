@@ -116,24 +116,14 @@ def xid_watch(own, settings, dist_env):
         watch.close()
 
 
-def _pinned_near(gpu: topology.Gpu, device: torch.device, pci_devices: str) -> tuple[torch.Tensor, bool]:
-    """Pinned memory from the GPU's own NUMA node, as a NUMA-bound training rank has it (DMA from the other node's
-    memory crosses the socket link, which says nothing of the GPU or its PCIe link); and whether sysfs named it."""
-    torch.cuda.set_device(device)  # a thread starts on GPU 0: pin in this rank's GPU's context
-    with topology.near(gpu.pci_bus_id, pci_devices) as cpus:
-        return gpu_proof.pinned(), bool(cpus)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def ahead():
-    """The host's part of checks, made in a thread of its own beside the GPU's work of the checks before them
-    (the same inputs, answers and memory, made earlier): from the module's first check, the GEMM digest's and the
-    exact GEMM's inputs and the exact product (0.6 s on an H200's host), while the memory test and the HBM copies
-    keep the GPU busy; from test_sdc_digest's start, the copies' pinned memory (0.26 s; beside the memory test it
-    slowed that test's launches, a figure a baseline compares). {"pool", and a future per name}."""
+    """The host's part of the GEMM digest and the exact GEMM (their fixed-seed inputs in each dtype, the exact
+    product: 0.6 s on an H200's host), made in a thread of its own from the module's first check while the memory
+    test and the HBM copies keep the GPU busy; test_sdc_digest reads them. The same inputs and answers, made
+    earlier. (Not the copies' pinned memory: pinning takes a driver lock that GPU work beside it waits on.)"""
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stackproof-ahead") as pool:
-        yield {"pool": pool, "digest": pool.submit(gpu_proof.digest_inputs),
-               "exact": pool.submit(gpu_proof.exact_inputs)}
+        yield {"digest": pool.submit(gpu_proof.digest_inputs), "exact": pool.submit(gpu_proof.exact_inputs)}
 
 
 def _where(gpu: topology.Gpu, device: torch.device) -> str:
@@ -250,7 +240,6 @@ def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
 def test_sdc_digest(own, dist_env, settings, report, ahead):
     """After the memory test and the HBM copies: the CPU made this check's inputs and answer meanwhile."""
     gpu = own[0]
-    ahead["pinned"] = ahead["pool"].submit(_pinned_near, gpu, dist_env.device, settings.pci_devices)
     report.classify("gpu-hardware", "isolate")
     perturb = faults.active(settings, "sdc", dist_env.rank)
     computed, error = _local(lambda: (
@@ -281,7 +270,7 @@ def test_sdc_digest(own, dist_env, settings, report, ahead):
                              f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
-def test_host_device_copies(own, first_on_gpu, dist_env, settings, report, ahead):
+def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
@@ -290,14 +279,16 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report, ahead
     seed = patterns.seed_of("pcie", dist_env.rank, gpu.uuid)
     placed = {}
 
-    def buffers(taken: concurrent.futures.Future | None = None) -> gpu_proof.HostCopies:
-        host, placed["near"] = taken.result(ANSWERS_S) if taken else _pinned_near(gpu, dist_env.device,
-                                                                                  settings.pci_devices)
-        made = gpu_proof.HostCopies(dist_env.device, seed, host=host)
+    def buffers() -> gpu_proof.HostCopies:
+        # Pinned memory from the GPU's own NUMA node, as a NUMA-bound training rank has it: DMA from the other
+        # node's memory crosses the socket link, which says nothing of the GPU or its PCIe link.
+        with topology.near(gpu.pci_bus_id, settings.pci_devices) as cpus:
+            made = gpu_proof.HostCopies(dist_env.device, seed)
+        placed["near"] = bool(cpus)
         made.prepare()  # the host's part of the data check (512 MiB written on the CPU): outside the timed turns
         return made
 
-    copies, error = _local(lambda: buffers(ahead.get("pinned")))
+    copies, error = _local(buffers)
     report.figure("host_memory", "the GPU's NUMA node" if placed.get("near") else
                   "where the rank runs (sysfs names no NUMA node)")
 

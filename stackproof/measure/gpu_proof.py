@@ -115,12 +115,6 @@ def device_copy_bytes_per_s(device: torch.device, nbytes: int = 1 << 30, warmup:
 
 
 COPY_TRIES = 3  # host<->device copies timed at most this many times while below their bar; the best counts
-HOST_COPY_BYTES = 512 << 20
-
-
-def pinned(nbytes: int = HOST_COPY_BYTES) -> torch.Tensor:
-    """Page-locked host memory, as DataLoader's pin_memory gives (0.26 s per 512 MiB on an H200's host)."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
 class HostCopies:
@@ -129,12 +123,10 @@ class HostCopies:
     on the GPU), device-to-host carries another (written on the GPU, checked on the CPU). `prepare` and
     `check_host` do the CPU's part (about 0.1 s per 512 MiB) outside the timed turns of the node's GPUs."""
 
-    def __init__(self, device: torch.device, seed: int, nbytes: int = HOST_COPY_BYTES,
-                 host: torch.Tensor | None = None):
-        """`host`: pinned memory of `nbytes` taken ahead (pinned()); else taken here."""
+    def __init__(self, device: torch.device, seed: int, nbytes: int = 512 << 20):
         self.device, self.nbytes = device, nbytes
         self.seeds = (seed, patterns.seed_of("device-to-host", seed))
-        self.host = pinned(nbytes) if host is None else host
+        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         self.on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def prepare(self) -> None:
@@ -158,7 +150,7 @@ class HostCopies:
         return patterns.first_wrong(self.host, self.seeds[1])
 
 
-def pinned_copy_bytes_per_s(device: torch.device, to_device: bool, nbytes: int = HOST_COPY_BYTES, warmup: int = 2,
+def pinned_copy_bytes_per_s(device: torch.device, to_device: bool, nbytes: int = 512 << 20, warmup: int = 2,
                             iters: int = 10, during: Callable[[], object] | None = None) -> tuple[float, object]:
     """Host <-> device bandwidth one way, unchecked (benchmarks/per_gpu_spread.py's figure)."""
     copies = HostCopies(device, 0, nbytes)
