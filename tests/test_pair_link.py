@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from replay_support import install_replay
+from replay_support import replayed_gpus
 
 from stackproof.judge import bars
 from stackproof.judge.readings import PairReading
@@ -20,7 +20,6 @@ from stackproof.measure import topology
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = json.loads((FIXTURES / "nvml" / "h200.json").read_text())
 PCIE_CARDS = json.loads((FIXTURES / "nvml" / "h100-pcie-no-bridge.json").read_text())
-SYSFS = str(FIXTURES / "sysfs" / "h200-vm")
 NVLINK_MBPS = 26562
 FIELD_NVLINK_SPEED_COMMON = 90
 P2P_OK, P2P_NOT_SUPPORTED, PHB = 0, 5, 30  # NVML_P2P_STATUS_*, NVML_TOPOLOGY_HOSTBRIDGE
@@ -29,10 +28,7 @@ P2P_OK, P2P_NOT_SUPPORTED, PHB = 0, 5, 30  # NVML_P2P_STATUS_*, NVML_TOPOLOGY_HO
 @pytest.fixture
 def gpus(monkeypatch, tmp_path):
     """gpus(recording): the node's GPUs as topology.inventory reads them from the replayed recording."""
-    def read(recording: dict) -> list[topology.Gpu]:
-        install_replay(monkeypatch, tmp_path, recording)
-        return topology.inventory(SYSFS).gpus
-    return read
+    return lambda recording: replayed_gpus(monkeypatch, tmp_path, recording)
 
 
 def linked(recording: dict, p2p: int, ancestor: int, bridge: int = 0) -> dict:
