@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -55,12 +56,23 @@ DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 AGENT_START_S = 300.0
 
 
-def one_run(args: list[str], timeout_s: float, extra: list[str]) -> dict[str, float | None]:
+def sampled_env(folder: Path | None) -> dict[str, str] | None:
+    """The environment whose Python processes sample their stacks into folder (benchmarks/sampler)."""
+    if folder is None:
+        return None
+    path = os.pathsep.join(filter(None, [str(ROOT / "benchmarks" / "sampler"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "SAMPLE_DIR": str(folder / "samples")}
+
+
+def one_run(args: list[str], timeout_s: float, extra: list[str], sample: Path | None = None,
+            shared_samples: Path | None = None) -> dict[str, float | None]:
+    """One run; with `sample`, its processes' stacks and its report.json are kept there (an agent's ranks sample
+    into the agent's folder, `shared_samples`, copied here after the run)."""
     with tempfile.TemporaryDirectory(prefix="stackproof-startup-") as reports:
         command = [sys.executable, "-m", "stackproof", *args, *extra, "--reports", reports]
         seen: dict[str, float | None] = {"header": None, "first_table_line": None, "verdict": None}
         begin = time.time()
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=sampled_env(sample))
         assert proc.stdout is not None
         started_how = ""
         for line in proc.stdout:
@@ -79,6 +91,10 @@ def one_run(args: list[str], timeout_s: float, extra: list[str]) -> dict[str, fl
             report = json.loads((folders.current(Path(reports)) / "report.json").read_text())
         except (OSError, ValueError):
             report = {}
+        if sample is not None:
+            (sample / "report.json").write_text(json.dumps(report))
+            if shared_samples is not None:
+                shutil.copytree(shared_samples, sample / "samples", dirs_exist_ok=True)
     phases = report.get("context", {}).get("phases", {})
     for name in ("launcher_started", *RUN_PHASES):
         seen[name] = phases[name] - begin if phases.get(name) else None
@@ -101,11 +117,11 @@ def one_run(args: list[str], timeout_s: float, extra: list[str]) -> dict[str, fl
 
 
 @contextlib.contextmanager
-def agent(socket_path: str) -> Iterator[subprocess.Popen]:
+def agent(socket_path: str, sample: Path | None = None) -> Iterator[subprocess.Popen]:
     """A warm agent from this environment, on a private socket, for the warm runs."""
     begin = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "stackproof", "warm-agent", "--socket", socket_path],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=sampled_env(sample))
     assert proc.stdout is not None
     try:
         ready = proc.stdout.readline().strip()
@@ -257,6 +273,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--exit-costs", action="store_true",
                         help="also time a rank's way out apart (NCCL's destroy, the process's exit with and without "
                              "it) and an NVML session alone and with NVML held")
+    parser.add_argument("--sample", type=Path, default=None, metavar="DIR",
+                        help="keep each run's report.json and its processes' sampled stacks under DIR/<run> "
+                             "(benchmarks/sampler; read them with benchmarks/sampled.py DIR)")
     parser.add_argument("args", nargs="*", help="stackproof's command and flags (default: validate --tier fast)")
     options = parser.parse_args(argv)
     args = options.args or ["validate", "--tier", "fast"]
@@ -266,17 +285,22 @@ def main(argv: list[str]) -> int:
     print(f"# python -m stackproof {' '.join(args)}: {options.runs} run(s) each of {', '.join(modes)}", flush=True)
     columns: dict[str, dict] = {}
     notes: list[str] = []
+    def kept(name: str) -> Path | None:
+        return None if options.sample is None else options.sample / name
+
     for mode in modes:
         if mode == "cold":
             notes.append(f"# cold: {drop_caches() if options.drop_caches else 'the first run of this call'}")
-            runs = [one_run(args, options.timeout, ["--cold"])]
+            runs = [one_run(args, options.timeout, ["--cold"], kept("cold"))]
         elif mode == "warm":
-            runs = [one_run(args, options.timeout, ["--cold"]) for _ in range(options.runs)]
+            runs = [one_run(args, options.timeout, ["--cold"], kept(f"warm {i}")) for i in range(1, options.runs + 1)]
         else:
             with tempfile.TemporaryDirectory(prefix="stackproof-warm-") as folder:
                 path = os.path.join(folder, "warm.sock")
-                with agent(path) as proc:
-                    runs = [one_run(args, options.timeout, ["--warm-socket", path]) for _ in range(options.runs)]
+                with agent(path, kept("agent")) as proc:
+                    runs = [one_run(args, options.timeout, ["--warm-socket", path], kept(f"agent {i}"),
+                                    kept("agent") and kept("agent") / "samples")
+                            for i in range(1, options.runs + 1)]
                     notes.append(idle_agent(path, proc.pid))
         for i, run in enumerate(runs, 1):
             name = mode if len(runs) == 1 else f"{mode} {i}"

@@ -3,6 +3,7 @@ host <-> device copies, GEMM throughput, XID events during the run) against bars
 (stackproof/judge), with no collective inside a measurement. The ranks agree afterwards: on the odd digest out,
 and on the GPU below its model's median. These checks measure and hand over; stackproof/judge decides."""
 
+import concurrent.futures
 import dataclasses
 import functools
 import os
@@ -25,6 +26,8 @@ HOST = socket.gethostname()
 # Every GPU's figure goes into the check's line up to this many GPUs; all of them always go into report.json.
 FIGURES_PER_GPU_UP_TO = 8
 GiB = 1 << 30
+# How long a check may wait for its host part, made ahead (0.6 s on an H200's host).
+ANSWERS_S = 120.0
 
 
 def _local(step):
@@ -113,6 +116,16 @@ def xid_watch(own, settings, dist_env):
         watch.close()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def ahead():
+    """The host's part of the GEMM digest and the exact GEMM (their fixed-seed inputs in each dtype, the exact
+    product: 0.6 s on an H200's host), made in a thread of its own from the module's first check while the memory
+    test and the HBM copies keep the GPU busy; test_sdc_digest reads them. The same inputs and answers, made
+    earlier. (Not the copies' pinned memory: pinning takes a driver lock that GPU work beside it waits on.)"""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stackproof-ahead") as pool:
+        yield {"digest": pool.submit(gpu_proof.digest_inputs), "exact": pool.submit(gpu_proof.exact_inputs)}
+
+
 def _where(gpu: topology.Gpu, device: torch.device) -> str:
     return f"{HOST} GPU {gpu.index} ({device}, {gpu.uuid}, serial {gpu.serial or 'n/a'}, PCI {gpu.pci_bus_id or 'n/a'})"
 
@@ -165,37 +178,6 @@ def test_health_history(own, xid_watch, dist_env, report):
     report.found(*found)
     report.hint("act on each finding's fix; nvidia-smi -q on the host shows the same NVML records")
     assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))
-
-
-def test_sdc_digest(own, dist_env, settings, report):
-    gpu = own[0]
-    report.classify("gpu-hardware", "isolate")
-    perturb = faults.active(settings, "sdc", dist_env.rank)
-    computed, error = _local(lambda: (gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb),
-                                      gpu_proof.digest_chain(dist_env.device, perturb=perturb)))
-    wrong, digest = computed or ({}, None)
-    model = _model(dist_env.device)
-    verdict = dist_env.agree({"model": model, "digest": digest, "exact": error is None and not any(wrong.values())},
-                             "the GEMM digests", decide=per_gpu.odd_ones_out_by_model)
-    if error is not None:
-        raise error
-    odd = {entry["rank"]: entry for entry in verdict["odd"]}
-    report.figure("digest", digest[:16])
-    report.figure("exact_gemm_mismatches", sum(wrong.values()))
-    report.hint("drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named; "
-                "a GPU that computes wrong must not train")
-    where = _where(gpu, dist_env.device)
-    assert not any(wrong.values()), (
-        f"{where}: a GEMM on integers in {{-1, 0, 1}} (exact in every dtype) must equal the CPU's answer; "
-        f"found elements that differ: {wrong}")
-    if dist_env.rank in odd:
-        report.classify("gpu-hardware", odd[dist_env.rank]["severity"])  # a tie names no GPU to isolate
-        expected = odd[dist_env.rank]["expected"]
-        assert expected is not None, (
-            f"{where}: the {model} GPUs of this job disagree on the GEMM-chain digest and none has a majority "
-            f"(this GPU: {digest[:16]}); one of them computes wrong: rerun with a third GPU of the model")
-        raise AssertionError(f"{where}: GEMM-chain digest {digest[:16]}, expected {expected[:16]} like the other "
-                             f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
 def test_memory_holds_patterns(own, first_on_gpu, dist_env, report):
@@ -255,10 +237,44 @@ def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
             f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
 
 
+def test_sdc_digest(own, dist_env, settings, report, ahead):
+    """After the memory test and the HBM copies: the CPU made this check's inputs and answer meanwhile."""
+    gpu = own[0]
+    report.classify("gpu-hardware", "isolate")
+    perturb = faults.active(settings, "sdc", dist_env.rank)
+    computed, error = _local(lambda: (
+        gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb, inputs=ahead["exact"].result(ANSWERS_S)),
+        gpu_proof.digest_chain(dist_env.device, perturb=perturb, inputs=ahead["digest"].result(ANSWERS_S))))
+    wrong, digest = computed or ({}, None)
+    model = _model(dist_env.device)
+    verdict = dist_env.agree({"model": model, "digest": digest, "exact": error is None and not any(wrong.values())},
+                             "the GEMM digests", decide=per_gpu.odd_ones_out_by_model)
+    if error is not None:
+        raise error
+    odd = {entry["rank"]: entry for entry in verdict["odd"]}
+    report.figure("digest", digest[:16])
+    report.figure("exact_gemm_mismatches", sum(wrong.values()))
+    report.hint("drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named; "
+                "a GPU that computes wrong must not train")
+    where = _where(gpu, dist_env.device)
+    assert not any(wrong.values()), (
+        f"{where}: a GEMM on integers in {{-1, 0, 1}} (exact in every dtype) must equal the CPU's answer; "
+        f"found elements that differ: {wrong}")
+    if dist_env.rank in odd:
+        report.classify("gpu-hardware", odd[dist_env.rank]["severity"])  # a tie names no GPU to isolate
+        expected = odd[dist_env.rank]["expected"]
+        assert expected is not None, (
+            f"{where}: the {model} GPUs of this job disagree on the GEMM-chain digest and none has a majority "
+            f"(this GPU: {digest[:16]}); one of them computes wrong: rerun with a third GPU of the model")
+        raise AssertionError(f"{where}: GEMM-chain digest {digest[:16]}, expected {expected[:16]} like the other "
+                             f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
+
+
 def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
     report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
+    expected = bars.pcie_expected(gpu)  # (gen, width): the link read under load is held to it
     errors: dict[str, str] = {}
     seed = patterns.seed_of("pcie", dist_env.rank, gpu.uuid)
     placed = {}
@@ -282,7 +298,7 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
             handle = health.handle_of(nvml, gpu.uuid)
             # An idle link drops its generation to save power: read it while the copies run over it.
             h2d, link, wrong = copies.to_device(
-                during=lambda: health.pcie_link_under_load(nvml, handle, errors, gpu))
+                during=lambda: health.pcie_link_under_load(nvml, handle, errors, expected))
         d2h = copies.to_host()
         # A copy below its bar is timed again, from fresh buffers (each try its own: the earlier ones stay held,
         # so the allocator hands none of them out again), and the best counts: the host's other work or where a
@@ -315,9 +331,8 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
         raise error or check_error
     _delivered(report, gpu, [("host-to-device copy", f"{copies.nbytes} B from pinned memory", wrong_h2d),
                              ("device-to-host copy", f"{copies.nbytes} B into pinned memory", wrong_d2h)])
-    expected_gen, expected_width = bars.pcie_expected(gpu)
     report.figure("copy_tries", placed.get("tries", 0))
-    report.figure("pcie_under_load", f"gen{gen} x{width} (the GPU's own max gen{expected_gen} x{expected_width})")
+    report.figure("pcie_under_load", f"gen{gen} x{width} (the GPU's own max gen{expected[0]} x{expected[1]})")
     report.hint("check the link (lspci -vv: LnkSta vs LnkCap), the slot's BIOS settings, and that the rank runs "
                 "on the GPU's NUMA node (nvidia-smi topo -m)")
     where = _where(gpu, dist_env.device)

@@ -4,10 +4,12 @@ or link is named rather than a slow job; between nodes also a lossy one (TCP's r
 Nothing is named from one measurement: suspects and slow pairs are measured again first. stackproof/measure/
 pairwise.py measures on a schedule; stackproof/judge/pairwise.py decides."""
 
+import dataclasses
+
 import pytest
 import torch.distributed as dist
 
-from stackproof.judge import data
+from stackproof.judge import bars, data
 from stackproof.judge import fabric as network
 from stackproof.judge import pairwise as blame
 from stackproof.judge.promise import FAST, FULL, Needs
@@ -59,12 +61,14 @@ def _own_figure(report, exchanges, nbytes) -> None:
 
 
 def _links(dist_env) -> dict | None:
-    """This node's GPU pairs and their NVML links (local rank 0 reads them for its node), by 'i,j'."""
+    """This node's GPU pairs and the links NVML says they have, with each one's peak (judge/bars.py), by 'i,j'
+    (local rank 0 reads them for its node)."""
     if not dist_env.is_gpu or dist_env.local_rank != 0:
         return None
     try:
         gpus = topology.visible(topology.inventory(), topology.cuda_visible_devices())
-        return {f"{i},{j}": link.__dict__ for (i, j), link in topology.pair_links(gpus).items()}
+        return {f"{i},{j}": dataclasses.asdict(bars.pair_link(pair))
+                for (i, j), pair in topology.pair_readings(gpus).items()}
     except topology.NvmlUnavailable as err:
         return {"error": str(err)}
 

@@ -192,25 +192,24 @@ def _warm_agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group", default=None, metavar="GROUP", help="the socket's group (who may ask it)")
 
 
-def build_parser(only_validate: bool = False) -> argparse.ArgumentParser:
-    """Every command's parser; `only_validate`: validate's alone (a rank's start: the others' parsers import the
-    image tooling, tenths of a second on every rank)."""
+# Each command's parser, built only when its command is the one given (`stackproof healthcheck ...` imports neither
+# the image tooling nor the benchmarks: tenths of a second on every Prolog and every rank); all of them for the top
+# level's --help or a command mistyped.
+PARSERS = {"validate": _validate_parser, "verdict": _verdict_parser, "healthcheck": _act_parsers, "act": _act_parsers,
+           "baseline": _baseline_parser, "spec": _spec_parser, "report": _report_parser, "images": _images_parser,
+           "bench": _bench_parser, "warm-agent": _warm_agent_parser, "attest": _attest_parsers,
+           "verify-image": _attest_parsers, "node-class": _attest_parsers}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or `command`'s alone when it is one."""
     parser = _Parser(prog="stackproof", description=__doc__, epilog=EXIT_CODES_HELP + ".")
     parser.add_argument("--version", action="version", version=f"stackproof {__version__}")
     sub = parser.add_subparsers(dest="command", required=True,  # argparse lists the commands
                                 parser_class=_Parser)
-    _validate_parser(sub)
-    if only_validate:
-        return parser
-    _verdict_parser(sub)
-    _act_parsers(sub)
-    _baseline_parser(sub)
-    _spec_parser(sub)
-    _report_parser(sub)
-    _images_parser(sub)
-    _bench_parser(sub)
-    _warm_agent_parser(sub)
-    _attest_parsers(sub)
+    builders = [PARSERS[command]] if command in PARSERS else list(dict.fromkeys(PARSERS.values()))
+    for build in builders:
+        build(sub)
     return parser
 
 
@@ -415,7 +414,7 @@ def main(argv: Sequence[str] | None = None, guarded: bool = False) -> int:
     pipes.keep_exit_code()  # `stackproof ... | head -1`: the command's exit code, not a BrokenPipeError's
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser(only_validate=argv[:1] == ["validate"])
+        parser = build_parser(argv[0] if argv else None)
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # said by the subcommand's parser: its usage, its --help (argparse would print the top's)
             _innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -10,6 +10,8 @@ from pathlib import Path
 from types import ModuleType
 
 REPLAY = Path(__file__).parent / "nvml_replay" / "pynvml.py"
+# The sysfs of the H200 VM the recordings were made on (PCI devices, NUMA nodes).
+H200_SYSFS = str(Path(__file__).parent / "fixtures" / "sysfs" / "h200-vm")
 
 
 def install_replay(monkeypatch, tmp_path: Path, recording: dict) -> ModuleType:
@@ -22,3 +24,11 @@ def install_replay(monkeypatch, tmp_path: Path, recording: dict) -> ModuleType:
     spec.loader.exec_module(module)
     monkeypatch.setitem(sys.modules, "pynvml", module)
     return module
+
+
+def replayed_gpus(monkeypatch, tmp_path: Path, recording: dict) -> list:
+    """The node's GPUs as topology.inventory reads them from the replayed recording."""
+    from stackproof.measure import topology
+
+    install_replay(monkeypatch, tmp_path, recording)
+    return topology.inventory(H200_SYSFS).gpus

@@ -128,7 +128,7 @@ def test_a_missing_dependency_never_takes_the_node_out(tmp_path, bare_venv):
     whatever layer notices; the exit is 0, never TAKEN_OUT, and a fault everywhere would read the same."""
     proc = subprocess.run([str(bare_venv), "-m", "stackproof", "healthcheck", "--scheduler", "none", "--node", "n1",
                            "--expect-gpus", "0", "--nproc", "1", "-k", "barrier", "--reports",
-                           str(tmp_path / "reports"), "--run-timeout", "60"],
+                           str(tmp_path / "reports"), "--run-timeout", "60", "--timeout", "30"],
                           capture_output=True, text=True, timeout=120,
                           env=_clean_env(PYTHONPATH=str(REPO)), cwd=tmp_path)
     out = proc.stdout + proc.stderr

@@ -20,7 +20,7 @@ from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge import policy
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding
-from stackproof.report import metrics, outputs
+from stackproof.report import metrics, outputs, terminal
 from stackproof.report.record import Check, Report
 from stackproof.run.config import TIERS
 
@@ -62,7 +62,7 @@ def test_the_remedy_is_in_report_json_the_table_and_the_textfile():
     assert [s["step"] for s in entry["steps"]] == ["kill-process", "reset-gpu", "reboot", "service"]
     assert entry["action"] == policy.DRAIN and all(s["do"] for s in entry["steps"])
     assert ("#   n2 GPU 3: collectives::barrier [gpu-hardware, reset]: kill-process -> reset-gpu -> reboot -> "
-            "service") in report.table()
+            "service") in terminal.table(report)
     assert (f'{metrics.FINDING_REMEDY}{{node="n2",gpu="3",rank="0",check="collectives::barrier",'
             'first_step="kill-process",steps="kill-process>reset-gpu>reboot>service"} 1') in metrics.textfile(report)
 
@@ -70,7 +70,7 @@ def test_the_remedy_is_in_report_json_the_table_and_the_textfile():
 def test_a_run_without_findings_prints_no_remedy():
     report = _record()
     report.checks[0].outcome, report.checks[0].findings, report.checks[0].failed_ranks = "passed", [], []
-    assert report.to_json()["remedies"] == [] and "remedy" not in report.table()
+    assert report.to_json()["remedies"] == [] and "remedy" not in terminal.table(report)
     assert metrics.FINDING_REMEDY not in metrics.textfile(report)
 
 

@@ -147,7 +147,7 @@ def test_a_pair_is_held_to_the_links_its_gpus_have_not_the_ones_up_now():
     a, b = topology.read_gpu(down, 0, NO_SYSFS), topology.read_gpu(h200_nvml(), 0, NO_SYSFS)
     a.nvlink_speed_mbps = b.nvlink_speed_mbps = 26562
     assert (a.nvlink_active, a.nvlink_supported, a.nvlinks_down) == (17, 18, [3])
-    link = topology.pair_link(down, a, b)
+    link = bars.pair_link(topology.pair_reading(down, a, b))
     assert (link.kind, link.label) == ("NVLink", "NVLink 18 links x 26562 MB/s")
     assert link.gbps == pytest.approx(18 * 26.562, rel=1e-3)
 
@@ -381,9 +381,9 @@ def test_a_link_ramping_up_from_idle_is_not_downtrained_but_one_that_stays_low_i
     gpu = topology.read_gpu(h200_nvml(), 0, NO_SYSFS)
     answers = iter([1, 3, 5])
     ramping = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=lambda: next(answers))
-    assert health.pcie_link_under_load(ramping, "h", {}, gpu, pause_s=0) == (5, 16)
+    assert health.pcie_link_under_load(ramping, "h", {}, bars.pcie_expected(gpu), pause_s=0) == (5, 16)
     stuck = h200_nvml(nvmlDeviceGetCurrPcieLinkGeneration=4)
-    gen, width = health.pcie_link_under_load(stuck, "h", {}, gpu, pause_s=0)
+    gen, width = health.pcie_link_under_load(stuck, "h", {}, bars.pcie_expected(gpu), pause_s=0)
     assert hardware.pcie_under_load(gpu, gen, width).found == "gen4 x16 while copying (downtrained)"
 
 

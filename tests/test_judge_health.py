@@ -103,7 +103,8 @@ def test_the_recorded_h200_under_load_is_green(replay):
         handle, errors = nvml.nvmlDeviceGetHandleByIndex(0), {}
         reasons, samples = health.clock_reasons_while_busy(nvml, handle, errors, busy=lambda: False)
         assert (reasons, samples, errors) == (0x4, 1, {})
-        assert hardware.pcie_under_load(gpu, *health.pcie_link_under_load(nvml, handle, errors, gpu, pause_s=0)) is None
+        now = health.pcie_link_under_load(nvml, handle, errors, bars.pcie_expected(gpu), pause_s=0)
+        assert hardware.pcie_under_load(gpu, *now) is None
     assert rules.clock_findings(0, gpu.uuid, reasons, "under load") == []
 
 
@@ -135,7 +136,8 @@ def test_a_gen3_x8_link_is_judged_against_the_gpus_own_gen5_x16(replay):
     # The bar stays the GPU's own gen5 x16 (0.7 x 63 GB/s), not the degraded link's 0.7 x 7.9 GB/s.
     assert bars.pcie_bar(gpu, 0.7).value == pytest.approx(0.7 * 63.0e9, rel=1e-3)
     with topology.nvml_session() as nvml:
-        now = health.pcie_link_under_load(nvml, nvml.nvmlDeviceGetHandleByIndex(0), {}, gpu, pause_s=0)
+        now = health.pcie_link_under_load(nvml, nvml.nvmlDeviceGetHandleByIndex(0), {}, bars.pcie_expected(gpu),
+                                          pause_s=0)
     finding = hardware.pcie_under_load(gpu, *now)
     assert (finding.expected, finding.found) == ("gen5 x16 (the GPU's own max)", "gen3 x8 while copying (downtrained)")
 

@@ -109,3 +109,12 @@ def test_the_judge_imports_neither_torch_nor_nvml():
     heavy = sorted(f"{name} -> {i}" for name, path in known.items() if name.startswith("stackproof.judge")
                    for i in imports(path, set(known)) if i.split(".")[0] in PURE)
     assert heavy == []
+
+
+def test_the_measurement_reads_no_bar():
+    """A measurement returns what the hardware says; the bar it is held to is the judge's (judge/bars.py), handed
+    in by the check. A measure module may import the judge's typed readings and the pure rules it re-exports, never
+    the bars: a bar constant feeding a measurement would make the reading depend on what it is judged against."""
+    feeding = sorted(f"{name} -> {target}" for name, targets in graph().items() if name.startswith("stackproof.measure")
+                     for target in targets if target == "stackproof.judge.bars")
+    assert feeding == []

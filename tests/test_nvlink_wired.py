@@ -10,23 +10,19 @@ import json
 from pathlib import Path
 
 import pytest
-from replay_support import install_replay
+from replay_support import replayed_gpus
 
 from stackproof.judge import bars, hardware, policy
 from stackproof.measure import topology
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PCIE_CARDS = json.loads((FIXTURES / "nvml" / "h100-pcie-no-bridge.json").read_text())
-SYSFS = str(FIXTURES / "sysfs" / "h200-vm")
 
 
 @pytest.fixture
 def gpus(monkeypatch, tmp_path):
     """gpus(recording): the node's GPUs as topology.inventory reads them from the replayed recording."""
-    def read(recording: dict) -> list[topology.Gpu]:
-        install_replay(monkeypatch, tmp_path, recording)
-        return topology.inventory(SYSFS).gpus
-    return read
+    return lambda recording: replayed_gpus(monkeypatch, tmp_path, recording)
 
 
 def bridged(recording: dict, up: dict[int, range], down_wired: dict[int, list[int]] = ()) -> dict:

@@ -17,6 +17,7 @@ from test_validate_cpu import validate
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge import promise
 from stackproof.judge.promise import FAST, FULL, SOAK, Declaration, Needs, World
+from stackproof.report import terminal
 from stackproof.report.record import Report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "promise"
@@ -173,8 +174,8 @@ def test_a_promised_check_that_skipped_is_not_ok(h200x2):
                               "docs/report-format.md)")
     data = report.to_json()
     assert data["verdict"] == "FAILED" and data["promise"]["not_judged"] == [report.unjudged()[0]]
-    assert "# Verdict: FAILED (exit code 4" in report.table() and "# not judged: per_gpu::hbm_bandwidth" in \
-        report.table()
+    assert "# Verdict: FAILED (exit code 4" in terminal.table(report) and "# not judged: per_gpu::hbm_bandwidth" in \
+        terminal.table(report)
 
 
 def test_a_failure_is_said_before_what_was_not_judged(h200x2):
@@ -192,7 +193,7 @@ def test_k_narrows_the_promise_and_names_what_it_left_out(h200x2):
     assert report.exit_code == Exit.OK
     assert report.left_out()[:3] == ["host::dev_shm_is_large_enough", "gpus::torch_sees_the_expected_gpus",
                                      "gpus::gpus_have_what_they_should"]
-    assert "# the selection left out" in report.table()
+    assert "# the selection left out" in terminal.table(report)
 
 
 def test_a_report_written_before_the_declarations_keeps_its_verdict(recorded):

@@ -8,7 +8,7 @@ import torch
 
 from stackproof.errors import ConfigError
 from stackproof.measure import bandwidth, known_answers, topology
-from stackproof.report import outputs
+from stackproof.report import outputs, terminal
 from stackproof.report.record import Check, Figure, Report
 from stackproof.run.config import ValidateConfig
 
@@ -92,7 +92,7 @@ def test_report_json_junit_and_table_agree_on_the_verdict(tmp_path):
     assert (data["schema"], data["verdict"], data["exit_code"]) == ("stackproof.report/2", "FAILED", 1)
     assert data["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "planned": 3, "not_run": 0}
     assert data["checks"][0]["figures"] == {"busbw": {"value": 343.9, "unit": "GB/s"}}
-    table = report.table().splitlines()
+    table = terminal.table(report).splitlines()
     assert all(line.startswith("#") for line in table if "check" in line.split()[:2] or not line.startswith("  "))
     assert "  bandwidth::all_reduce_busbw" in table[1] and "busbw=343.9 GB/s" in table[1]
     assert "GPU 1: 3 uncorrected ECC errors -- fix: drain the node" in table[2]
@@ -128,7 +128,7 @@ def test_the_report_names_the_node_and_gpu_of_a_failing_rank(tmp_path):
     assert nodes["n1"]["verdict"] == "PASS" and nodes["n2"]["verdict"] == "FAIL"
     assert nodes["n2"]["failed_checks"] == [{"check": "collectives::all_reduce[sum-float32]", "ranks": [6]}]
     assert [g["uuid"] for g in nodes["n2"]["gpus"]] == ["GPU-4", "GPU-5", "GPU-6", "GPU-7"]
-    table = report.table()
+    table = terminal.table(report)
     assert "rank 6 on n2 (GPU 2, GPU-6, serial S6, PCI 0000:06:00.0)" in table
     node_lines = [line for line in table.splitlines() if line.startswith("  n")]
     assert node_lines[0].split()[:2] == ["n1", "PASS"] and node_lines[1].split()[:2] == ["n2", "FAIL"]

@@ -36,8 +36,9 @@
 #                                lands in <root>/<node>, each run's report, junit.xml and stackproof.prom in
 #                                <root>/<node>/runs/<started>-<pid> (links latest, last-acted; the newest 20
 #                                kept: --keep-runs); node_exporter's textfile collector reads <root>/<node>/latest
-#      STACKPROOF_HEALTHCHECK_RUN_TIMEOUT_S  validate --run-timeout (default 50: slurmd stops a
-#                                HealthCheckProgram after 60 s); a run stopped by it is exit 4, not acted on
+#      STACKPROOF_HEALTHCHECK_RUN_TIMEOUT_S  validate --run-timeout (default: none; healthcheck's one
+#                                --deadline, 57 s under slurmd's 60 s, cuts it to what the survey, stopping the
+#                                ranks and acting leave: act/deadline.py); a run stopped by it is exit 4, not acted on
 #      STACKPROOF_HEALTHCHECK_ARGS more flags for `stackproof healthcheck` (split on spaces), e.g.
 #                                "--expect-gpus 8 --image current --max-drained 2"
 set -uo pipefail
@@ -51,8 +52,8 @@ reports="${STACKPROOF_HEALTHCHECK_REPORTS:-/var/lib/stackproof/healthcheck}/$nod
 [ -z "${STACKPROOF_REPO:-}" ] || export PYTHONPATH="$STACKPROOF_REPO${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$reports" || { echo "stackproof healthcheck: cannot create $reports; not acted on; exit 0" >&2; exit 0; }
 
-args=(--scheduler slurm --node "$node" --tier fast --reports "$reports"
-      --run-timeout "${STACKPROOF_HEALTHCHECK_RUN_TIMEOUT_S:-50}" --timeout 20)
+args=(--scheduler slurm --node "$node" --tier fast --reports "$reports" --timeout 20
+      ${STACKPROOF_HEALTHCHECK_RUN_TIMEOUT_S:+--run-timeout "$STACKPROOF_HEALTHCHECK_RUN_TIMEOUT_S"})
 # shellcheck disable=SC2206  # deliberately split: several flags in one variable
 [ -z "${STACKPROOF_HEALTHCHECK_ARGS:-}" ] || args+=(${STACKPROOF_HEALTHCHECK_ARGS})
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stackproof.judge.readings import Gpu
+from stackproof.judge.readings import Gpu, PairReading
 
 GB = 1e9
 # PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG specifications).
@@ -20,6 +20,8 @@ PCIE_EFFICIENCY = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 13
 # professional parts). Architectures after Hopper are left out until a whitepaper gives their per-SM rate: they
 # get no bar, and the GEMM check skips saying so (the median check across the job still runs).
 DENSE_BF16_FLOP_PER_CLOCK_PER_SM = {(8, 0): 2048, (8, 6): 1024, (8, 9): 1024, (9, 0): 4096}
+# nvmlDeviceGetTopologyCommonAncestor's levels, in nvidia-smi topo -m's words.
+PCIE_PATHS = {0: "same board", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +105,33 @@ def busbw_bar(gpus: list[Gpu], num_nodes: int, fraction: float, override: float 
 
 def nvlink_pair_gbps(links: int, speed_mbps: int) -> float:
     return links * speed_mbps * 1e6 / GB
+
+
+@dataclasses.dataclass(frozen=True)
+class PairLink:
+    kind: str  # NVLink | PCIe | unknown
+    gbps: float  # peak per direction; 0.0 when unknown
+    label: str  # "NVLink 18 links x 26562 MB/s", "PCIe gen5 x16 (PHB)"
+
+
+def pair_link(pair: PairReading) -> PairLink:
+    """The link the pair of GPUs should have: NVLink when NVML says the pair can talk over it (the links a has
+    to b, up or down; through an NVSwitch every link the weaker GPU has), else PCIe at the slower GPU's own max
+    generation and width, with the path between them. Links counted from what the GPUs have, not what is up now:
+    a link down lowers the pair's figure, never its bar."""
+    a, b = pair.a, pair.b
+    speed = min(a.nvlink_speed_mbps, b.nvlink_speed_mbps)
+    if pair.nvlink_p2p_ok and speed:
+        links = pair.nvlinks_to_peer or min(a.nvlink_supported or a.nvlink_active,
+                                            b.nvlink_supported or b.nvlink_active)
+        return PairLink("NVLink", nvlink_pair_gbps(links, speed), f"NVLink {links} links x {speed} MB/s")
+    gen, width = min((pcie_expected(a), pcie_expected(b)), key=lambda link: pcie_peak_gbps(*link))
+    peak = pcie_peak_gbps(gen, width)
+    if not peak:
+        return PairLink("unknown", 0.0, "link unknown: NVML reports neither NVLink nor PCIe speed")
+    level = pair.common_ancestor
+    path = f" ({PCIE_PATHS.get(level, level)})" if level is not None else ""
+    return PairLink("PCIe", peak, f"PCIe gen{gen} x{width}{path}")
 
 
 def hbm_bar(gpu: Gpu, fraction: float) -> Bar:

@@ -1,4 +1,4 @@
-"""The typed readings the judge reads, measured by stackproof/measure/: what a GPU is and how it is linked
+"""The typed readings the judge reads, measured by stackproof/measure/: what a GPU is and how a pair is linked
 (measure/topology.py, from NVML and sysfs) and whether CUDA reaches the GPUs (measure/cuda_reach.py). Plain data,
 here so that the judge's rules and the measurements share them without the judge importing a measurement."""
 
@@ -47,6 +47,18 @@ class Gpu:
     # a finding, never a silent pass (the field it was for stays None).
     nvml_errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class PairReading:
+    """How two GPUs of a node are linked, as NVML answers (measure/topology.py pair_reading): facts only. The
+    pair's peak and its words are the judge's (judge/bars.py pair_link)."""
+
+    a: Gpu  # each GPU's NVLink counts and per-link speed, and its PCIe generation and width, are on its reading
+    b: Gpu
+    nvlink_p2p_ok: bool  # NVML's P2P status over NVLink is OK for a -> b
+    nvlinks_to_peer: int  # a's links (up or down) whose far end is b's PCI bus id; 0 through an NVSwitch
+    common_ancestor: int | None  # nvmlDeviceGetTopologyCommonAncestor's level (10 PIX ... 50 SYS); None: not said
 
 @dataclasses.dataclass(frozen=True)
 class Reach:

@@ -25,41 +25,60 @@ def one_ulp_up(tensor: torch.Tensor) -> torch.Tensor:
 DIGEST_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def digest_chain(device: torch.device, n: int = 2048, steps: int = 8, seed: int = 20260101,
-                 perturb: bool = False) -> str:
-    """sha256 of a chain of GEMMs (x <- tanh(x @ w), in bf16 and in fp32) from fixed-seed inputs made on the CPU.
-    cuBLAS gives bit-identical results on GPUs of the same architecture and SM count, so every GPU of one model
-    must produce the same digest; a GPU that computes wrong (silent data corruption) produces another.
-    `perturb` moves one input element by one ulp (the sdc fault)."""
+Inputs = dict[torch.dtype, tuple[torch.Tensor, ...]]  # per dtype of DIGEST_DTYPES, on the CPU
+
+
+def digest_inputs(n: int = 2048, steps: int = 8, seed: int = 20260101) -> Inputs:
+    """The GEMM chain's fixed-seed inputs, made on the CPU, in each dtype: (start, weight per step...). The CPU's
+    part of the digest (0.4 s on an H200's host), made apart so that it can run beside the GPU's other checks."""
     generator = torch.Generator().manual_seed(seed)
     start = torch.randn(n, n, generator=generator)
     weights = [torch.randn(n, n, generator=generator) / math.sqrt(n) for _ in range(steps)]
+    return {dtype: (start.to(dtype), *(w.to(dtype) for w in weights)) for dtype in DIGEST_DTYPES}
+
+
+def digest_chain(device: torch.device, n: int = 2048, steps: int = 8, seed: int = 20260101,
+                 perturb: bool = False, inputs: Inputs | None = None) -> str:
+    """sha256 of a chain of GEMMs (x <- tanh(x @ w), in bf16 and in fp32) from fixed-seed inputs made on the CPU
+    (`inputs`: digest_inputs(n, steps, seed), made ahead). cuBLAS gives bit-identical results on GPUs of the same
+    architecture and SM count, so every GPU of one model must produce the same digest; a GPU that computes wrong
+    (silent data corruption) produces another. `perturb` moves one input element by one ulp (the sdc fault)."""
+    inputs = inputs or digest_inputs(n, steps, seed)
     digest = hashlib.sha256()
     for dtype in DIGEST_DTYPES:
-        x = start.to(dtype)
-        x = (one_ulp_up(x) if perturb else x).to(device)
+        start, *weights = inputs[dtype]
+        x = (one_ulp_up(start) if perturb else start).to(device)
         for w in weights:
-            x = torch.tanh(x @ w.to(dtype).to(device))
+            x = torch.tanh(x @ w.to(device))
         digest.update(x.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
-def exact_gemm_mismatches(device: torch.device, m: int = 2048, k: int = 256, seed: int = 20260102,
-                          perturb: bool = False) -> dict[str, int]:
-    """Elements that differ from the exact answer, per dtype, of a GEMM on integers in {-1, 0, 1}: with k = 256
-    every partial sum is an integer of at most 256, exact in bf16 and fp32 whatever the order or precision of
-    the reduction, so the GPU's result must equal the CPU's bit for bit. This needs no other GPU to compare with,
-    so it names a bad GPU even in a job of two (where no digest has a majority)."""
+def exact_inputs(m: int = 2048, k: int = 256, seed: int = 20260102) -> Inputs:
+    """(a, b, a @ b) of the exact GEMM in each dtype, on integers in {-1, 0, 1}, the product in float64 on the CPU
+    (0.2 s on an H200's host), made apart so that it can run beside the GPU's other checks."""
     generator = torch.Generator().manual_seed(seed)
     a = torch.randint(-1, 2, (m, k), generator=generator).double()
     b = torch.randint(-1, 2, (k, m), generator=generator).double()
     a[0, 0] = 1.0  # a one-ulp move of a non-zero element changes the products it enters
     want = a @ b
+    return {dtype: (a.to(dtype), b.to(dtype), want.to(dtype)) for dtype in DIGEST_DTYPES}
+
+
+def exact_gemm_mismatches(device: torch.device, m: int = 2048, k: int = 256, seed: int = 20260102,
+                          perturb: bool = False, inputs: Inputs | None = None) -> dict[str, int]:
+    """Elements that differ from the exact answer, per dtype, of a GEMM on integers in {-1, 0, 1} (`inputs`:
+    exact_inputs(m, k, seed), made ahead): with k = 256 every partial sum is an integer of at most 256, exact in
+    bf16 and fp32 whatever the order or precision of the reduction, so the GPU's result must equal the CPU's bit
+    for bit. This needs no other GPU to compare with, so it names a bad GPU even in a job of two (where no digest
+    has a majority)."""
+    inputs = inputs or exact_inputs(m, k, seed)
     wrong = {}
     for dtype in DIGEST_DTYPES:
-        left = one_ulp_up(a.to(dtype)) if perturb else a.to(dtype)
-        found = (left.to(device) @ b.to(dtype).to(device)).cpu()
-        wrong[str(dtype).removeprefix("torch.")] = int((found != want.to(dtype)).sum())
+        a, b, want = inputs[dtype]
+        left = one_ulp_up(a) if perturb else a
+        found = (left.to(device) @ b.to(device)).cpu()
+        wrong[str(dtype).removeprefix("torch.")] = int((found != want).sum())
     return wrong
 
 

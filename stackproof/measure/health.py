@@ -12,7 +12,6 @@ import subprocess
 import time
 
 from stackproof.judge import health as rules
-from stackproof.judge.bars import pcie_expected
 from stackproof.judge.findings import Finding, worst  # noqa: F401 (worst: the checks' import)
 from stackproof.measure import topology, watermark
 
@@ -218,11 +217,12 @@ def pcie_link_now(nvml, handle, errors: dict[str, str]) -> tuple[int | None, int
             topology.optional(nvml, errors, "current PCIe width", nvml.nvmlDeviceGetCurrPcieLinkWidth, handle))
 
 
-def pcie_link_under_load(nvml, handle, errors: dict[str, str], gpu: topology.Gpu, tries: int = 5,
+def pcie_link_under_load(nvml, handle, errors: dict[str, str], target: tuple[int, int], tries: int = 5,
                          pause_s: float = 0.01) -> tuple[int | None, int | None]:
     """The link read while copies run: a link still ramping up from idle gets a few short pauses (the copies
-    queued behind this call last about 0.1 s) to reach its max before it counts as downtrained."""
-    gen_max, width_max = pcie_expected(gpu)
+    queued behind this call last about 0.1 s) to reach `target`, the (generation, width) the caller expects
+    (judge/bars.py pcie_expected), before it counts as downtrained."""
+    gen_max, width_max = target
     for attempt in range(tries):
         gen, width = pcie_link_now(nvml, handle, errors)
         if gen is None or width is None or (gen >= gen_max and width >= width_max) or attempt == tries - 1:

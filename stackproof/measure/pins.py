@@ -16,7 +16,6 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackproof.errors import ConfigError
-from stackproof.images.locks import read_lock
 
 IMAGE_EXPECTED = Path("/etc/stackproof/expected.json")
 IMAGE_LOCK = Path("/etc/stackproof/lock.txt")
@@ -114,6 +113,10 @@ def _padded(release: tuple[int, ...], fields: int) -> tuple[int, ...]:
 
 def locked_versions(lock: Path) -> dict[str, str]:
     """{normalized name: version} of the image's lock (images/locks/, carried at /etc/stackproof/lock.txt)."""
+    # Imported here: the lock tooling brings the package index (urllib, ssl) with it, 0.1 s of every launcher's and
+    # rank's start on an H200 where no lock is read.
+    from stackproof.images.locks import read_lock
+
     return read_lock(lock)[1]
 
 

@@ -1,5 +1,6 @@
 """What the GPUs are and how they are linked, from NVML (nvidia-ml-py) and the PCI bus (sysfs): the facts the
-bars and expectations of stackproof/judge/ are derived from (no hand-written SKU table)."""
+bars and expectations of stackproof/judge/ are derived from (no hand-written SKU table). Facts only: no bar is
+read or derived here (tests/test_layers.py holds the measurement away from judge/bars.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from stackproof import environment
-from stackproof.judge.bars import nvlink_pair_gbps, pcie_expected, pcie_peak_gbps
-from stackproof.judge.readings import Gpu
+from stackproof.judge.readings import Gpu, PairReading
 
 # Where the PCI bus lists its functions (sysfs); a container that mounts the host's sysfs elsewhere, or a test,
 # passes another root (validate --pci-devices).
@@ -328,47 +328,27 @@ def survey(pci_root: str = PCI_DEVICES, deadline_s: float = SURVEY_DEADLINE_S) -
     return answers["inventory"]  # type: ignore[return-value]
 
 
-# nvmlDeviceGetTopologyCommonAncestor's levels, in nvidia-smi topo -m's words.
-PCIE_PATHS = {0: "same board", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
-
-
-@dataclasses.dataclass(frozen=True)
-class PairLink:
-    kind: str  # NVLink | PCIe | unknown
-    gbps: float  # peak per direction; 0.0 when unknown
-    label: str  # "NVLink 18 links x 26562 MB/s", "PCIe gen5 x16 (PHB)"
-
-
-def pair_link(nvml, a: Gpu, b: Gpu) -> PairLink:
-    """The link the pair of GPUs of this node should have, by NVML index: NVLink when NVML says the pair can talk
-    over it (the links a has to b's PCI bus id, up or down; through an NVSwitch every link the weaker GPU has),
-    else PCIe at the slower GPU's own max generation and width, with the path between them. Links counted from
-    what the GPUs have, not what is up now: a link down lowers the pair's figure, never its bar."""
+def pair_reading(nvml, a: Gpu, b: Gpu) -> PairReading:
+    """How NVML says the pair of GPUs of this node is linked, by NVML index: whether they can talk over NVLink,
+    the links a has to b's PCI bus id (up or down: wired), and the PCIe path between them."""
     errors: dict[str, str] = {}
     first, second = nvml.nvmlDeviceGetHandleByIndex(a.index), nvml.nvmlDeviceGetHandleByIndex(b.index)
     status = optional(nvml, errors, "P2P NVLink status", nvml.nvmlDeviceGetP2PStatus, first, second,
                       nvml.NVML_P2P_CAPS_INDEX_NVLINK)
-    speed = min(a.nvlink_speed_mbps, b.nvlink_speed_mbps)
-    if status == nvml.NVML_P2P_STATUS_OK and speed:
-        direct = 0
+    p2p_ok = status == nvml.NVML_P2P_STATUS_OK
+    direct = 0
+    if p2p_ok:
         for link in nvlink_states(nvml, first, errors):
             remote = optional(nvml, errors, f"NVLink {link} remote", nvml.nvmlDeviceGetNvLinkRemotePciInfo, first,
                               link)
             direct += remote is not None and _text(remote.busId) == b.pci_bus_id
-        links = direct or min(a.nvlink_supported or a.nvlink_active, b.nvlink_supported or b.nvlink_active)
-        return PairLink("NVLink", nvlink_pair_gbps(links, speed), f"NVLink {links} links x {speed} MB/s")
-    peaks = {id(g): pcie_peak_gbps(*pcie_expected(g)) for g in (a, b)}
-    slower = min((a, b), key=lambda g: peaks[id(g)])
-    if not peaks[id(slower)]:
-        return PairLink("unknown", 0.0, "link unknown: NVML reports neither NVLink nor PCIe speed")
     level = optional(nvml, errors, "common ancestor", nvml.nvmlDeviceGetTopologyCommonAncestor, first, second)
-    path = f" ({PCIE_PATHS.get(level, level)})" if level is not None else ""
-    gen, width = pcie_expected(slower)
-    return PairLink("PCIe", peaks[id(slower)], f"PCIe gen{gen} x{width}{path}")
+    return PairReading(a, b, p2p_ok, direct, level)
 
 
-def pair_links(gpus: list[Gpu]) -> dict[tuple[int, int], PairLink]:
-    """Every pair of these GPUs (positions in the list, i < j: CUDA's order) and its link. Raises NvmlUnavailable."""
+def pair_readings(gpus: list[Gpu]) -> dict[tuple[int, int], PairReading]:
+    """Every pair of these GPUs (positions in the list, i < j: CUDA's order) and how it is linked. Raises
+    NvmlUnavailable."""
     with nvml_session() as nvml:
-        return {(i, j): pair_link(nvml, gpus[i], gpus[j])
+        return {(i, j): pair_reading(nvml, gpus[i], gpus[j])
                 for i in range(len(gpus)) for j in range(i + 1, len(gpus))}

@@ -15,14 +15,8 @@ from typing import Any
 
 from stackproof.errors import ConfigError, Exit
 from stackproof.report import metrics
-from stackproof.report.record import (
-    JUNIT_FILE,
-    PROMETHEUS_FILE,
-    REPORT_FILE,
-    Report,
-    ReportUnwritable,
-    first_line,
-)
+from stackproof.report.record import JUNIT_FILE, PROMETHEUS_FILE, REPORT_FILE, Report, ReportUnwritable
+from stackproof.report.terminal import first_line
 
 
 def write(report: Report, reports_dir: Path) -> Path:

@@ -1,6 +1,6 @@
-"""The verdict as a contract (docs/report-format.md): the run's record, its reader, its exit code and its terminal
-table; report.json, junit.xml and stackproof.prom are rendered from it by report/outputs.py. In the table every
-non-data line starts with '#' and the last line is the verdict, as in nccl-tests.
+"""The verdict as a contract (docs/report-format.md): the run's typed record (its schema, its reader, report.json's
+fields, its exit code, its nodes). Its renderings only read it: report.json, junit.xml and stackproof.prom are
+written by report/outputs.py, the terminal table by report/terminal.py, the page by report/page.py.
 
 report.json is written as soon as rank 0 knows the world (verdict INCOMPLETE, "running"), and replaced by the
 final verdict only when rank 0 finishes: a run killed at any point never leaves a passing report behind.
@@ -212,8 +212,10 @@ class Report:
             return Exit(self.override[0])
         if not self.complete or not self.checks or self.not_run():
             return Exit.INCOMPLETE
-        if self.counts()["failed"] or self.findings:  # a finding of the run itself (a rank the kernel could not
-            return Exit.FAILED                         # kill after the verdict, a GPU lost) fails it like a check's
+        # Any finding fails the run: a check's, and one of the run itself (a rank the kernel could not kill after
+        # the verdict, a GPU lost at pre-flight).
+        if self.counts()["failed"] or self.all_findings():
+            return Exit.FAILED
         # No PASS without a judgement: nothing judged, or a promised check not judged, is not a proof.
         if promise.nothing_judged(self._outcomes()) or self.unjudged():
             return Exit.INCOMPLETE
@@ -230,9 +232,10 @@ class Report:
         missing = self.not_run()
         if missing:
             return f"{len(missing)} of {len(self.planned)} checks never ran, from {Check(missing[0]).name}"
-        if self.exit_code == Exit.FAILED and self.findings and not self.counts()["failed"]:
-            more = f" (+{len(self.findings) - 1} more)" if len(self.findings) > 1 else ""
-            return f"every check passed, but the run found: {self.findings[0]}{more}"
+        found = self.all_findings()
+        if self.exit_code == Exit.FAILED and found and not self.counts()["failed"]:
+            more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+            return f"every check passed, but the run found: {found[0]}{more}"
         if self.exit_code == Exit.INCOMPLETE:
             nothing = promise.nothing_judged(self._outcomes())
             if nothing:
@@ -371,78 +374,6 @@ class Report:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise ReportUnreadable(f"{path}: expected a stackproof report.json, found {type(err).__name__}: "
                                    f"{err}") from None
-
-    # The terminal: the check table, the node table (more than one node), the verdict.
-    def table(self) -> str:
-        rows = [(c.name, c.verdict, "; ".join(f"{k}={f.text()}" for k, f in c.figures.items()), self._note(c))
-                for c in self.checks]
-        width = max([len("check"), *(len(r[0]) for r in rows)])
-        fig_width = min(60, max([len("figure"), *(len(r[2]) for r in rows)]))
-        lines = [f"# {'check':<{width}}  verdict  {'figure':<{fig_width}}  hint"]
-        lines += [f"  {name:<{width}}  {verdict:<7}  {figure:<{fig_width}}  {hint[:240]}".rstrip()
-                  for name, verdict, figure, hint in rows]
-        nodes = self.nodes()
-        if len(nodes) > 1:
-            lines.append("#")
-            lines += self.node_table(nodes)
-        lines += self.remedy_lines()
-        counts = self.counts()
-        code = self.exit_code
-        wall = self.wall_time_s if self.wall_time_s is not None else time.time() - self.started
-        lines.append("#")
-        lines.append(f"# Out of {len(self.planned) or len(self.checks)} checks: {counts['passed']} passed, "
-                     f"{counts['failed']} failed, {counts['skipped']} skipped, {len(self.not_run())} not run; "
-                     f"wall time {wall:.1f} s")
-        left_out = self.left_out()
-        if left_out:
-            lines.append(f"# the selection left out {len(left_out)} check(s) this tier promises, not proven here: "
-                         f"{', '.join(left_out)}")
-        if code not in (Exit.OK, Exit.FAILED) or self.override:
-            lines.append(f"# {self.message}")
-        lines.append(f"# Verdict: {code.verdict} (exit code {int(code)}: {code.meaning})")
-        return "\n".join(lines)
-
-    def node_table(self, nodes: list[dict[str, Any]] | None = None) -> list[str]:
-        nodes = nodes if nodes is not None else self.nodes()
-        width = max(len("node"), *(len(n["node"]) for n in nodes))
-        lines = [f"# {'node':<{width}}  verdict  ranks  {'gpus':<5}  failed checks"]
-        for node in nodes:
-            failed = "; ".join(f"{f['check']} (rank {', '.join(map(str, f['ranks']))})" for f in node["failed_checks"])
-            lines.append(f"  {node['node']:<{width}}  {node['verdict']:<7}  {len(node['ranks']):>5}  "
-                         f"{len(node['gpus']):<5}  {failed}".rstrip())
-        return lines
-
-    def remedy_lines(self) -> list[str]:
-        """The terminal's remedies: one line per finding (the same finding from several ranks once), its steps
-        cheapest first."""
-        seen, lines = set(), []
-        for entry in self.remedies():
-            gpu = "" if entry["gpu_index"] is None else f"GPU {entry['gpu_index']}"
-            where = " ".join(x for x in (entry["node"], gpu) if x) or "the run"
-            line = f"#   {where}: {entry['check']} [{entry['category']}, {entry['severity']}]: " + \
-                " -> ".join(s["step"] for s in entry["steps"])
-            if line not in seen:
-                seen.add(line)
-                lines.append(line)
-        return ["#", "# remedy (cheapest step first; the next when it does not clear the finding):", *lines] \
-            if lines else []
-
-    def _note(self, check: Check) -> str:
-        """The table's last column: why it failed (where) and the fix, or why it was skipped."""
-        if check.outcome == "passed":
-            return ""
-        first = first_line(check.message)
-        if check.outcome == "failed" and check.failed_ranks and self.ranks:
-            shown = check.failed_ranks[:4]
-            first += " [" + "; ".join(self.where(r) for r in shown) + \
-                (f"; +{len(check.failed_ranks) - 4} more" if len(check.failed_ranks) > 4 else "") + "]"
-        if check.outcome == "failed" and check.hint:
-            return f"{first} -- fix: {check.hint}"
-        return first
-
-
-def first_line(text: str) -> str:
-    return text.splitlines()[0] if text else ""
 
 
 def stale_outputs() -> Iterable[str]:

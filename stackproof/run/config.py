@@ -312,6 +312,14 @@ class ValidateConfig(Settings):
 
         return Path(self.reports)
 
+    @property
+    def node(self) -> str:
+        """This node's name, resolved in one place: --node-name, else the scheduler's in the environment, else the
+        host's (measure/identity.py node_name)."""
+        from stackproof.measure.identity import node_name
+
+        return self.node_name or node_name(environment.current())
+
     def torchrun_rendezvous(self) -> list[str]:
         """torchrun's flags for this run's rendezvous (the launcher starts one torchrun agent per node)."""
         if self.rdzv_endpoint:

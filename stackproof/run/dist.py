@@ -160,8 +160,11 @@ def init(rendezvous_timeout_s: float, timeout_s: float, node: str = "") -> DistE
     local_world_size = int(environment.LOCAL_WORLD_SIZE.get(env) or world_size)
     node_rank = int(environment.GROUP_RANK.get(env) or rank // max(1, local_world_size))
     timeout = datetime.timedelta(seconds=timeout_s)
+    # NCCL's communicator up front (device_id) where it has peers: failures show here, and sub-groups split from it.
+    # A world of one has none to join: a check that uses NCCL makes it then (0.3 s off a one-GPU healthcheck).
+    eager = backend == "nccl" and world_size > 1
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world_size,
-                            timeout=timeout, device_id=device if backend == "nccl" else None)
+                            timeout=timeout, device_id=device if eager else None)
     phases.mark("process_group_ready")
 
     def connection(timeout_s: float) -> dist.Store:

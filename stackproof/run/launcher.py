@@ -23,7 +23,6 @@ from stackproof.errors import ConfigError, Exit
 from stackproof.judge import hardware
 from stackproof.judge.findings import Finding
 from stackproof.measure import pins, topology
-from stackproof.measure.identity import node_name
 from stackproof.report.record import Report
 from stackproof.run import local_ranks, phases, settle, warm
 from stackproof.run.config import NODE_NAME_ENV, ValidateConfig
@@ -145,15 +144,10 @@ def _unkillable(settings: ValidateConfig, stuck: list[dict], inventory: topology
         gpu = gpus[rank["rank"]] if rank["rank"] < len(gpus) else None
         finding = hardware.unkillable(rank["rank"], rank["pid"], rank["state"], rank["wchan"],
                                       gpu.index if gpu else None, gpu.uuid if gpu else "n/a")
-        found.append(finding.at(node=_node(settings), rank=rank["rank"],
+        found.append(finding.at(node=settings.node, rank=rank["rank"],
                                 pci_bus_id=(gpu.pci_bus_id or "") if gpu else "",
                                 source="launcher: stopping the ranks"))
     return found
-
-
-def _node(settings: ValidateConfig) -> str:
-    """This node's name as the run resolved it (--node-name), else the scheduler's, else the host's."""
-    return settings.node_name or node_name(environment.current())
 
 
 def _after_signals(settings: ValidateConfig, failures: list[dict], inventory: topology.Inventory | None,
@@ -180,7 +174,7 @@ def _after_signals(settings: ValidateConfig, failures: list[dict], inventory: to
         for finding in hardware.after_a_signal(failure["rank"], died_on, gpu, None if now is None else now.gpus, xids,
                                                None if now is None else now.unreachable,
                                                "" if now is None else now.stalled):
-            found.append(finding.at(node=_node(settings), rank=failure["rank"],
+            found.append(finding.at(node=settings.node, rank=failure["rank"],
                                     pci_bus_id=gpu.pci_bus_id or "", source=f"launcher: rank {failure['rank']} "
                                                                             f"died on {died_on}"))
     return found

@@ -11,6 +11,7 @@ pytest's own terminal output goes to the rank's log; stdout carries only the con
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import resource
@@ -26,7 +27,7 @@ from stackproof.errors import ConfigError, Exit, RankTimeout
 from stackproof.judge import consensus, exceptions, promise
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
 from stackproof.measure import identity, pins
-from stackproof.report import outputs
+from stackproof.report import outputs, terminal
 from stackproof.report.record import Figure, Report
 from stackproof.run import dist as sp_dist
 from stackproof.run import faults, phases, readings, smoke_tests_dir
@@ -42,18 +43,11 @@ STDOUT_KEY = pytest.StashKey[IO[str]]()
 # Under stackproof's own launcher (or scripts/torchrun) the launcher prints the final table; rank 0 does otherwise.
 TOLD_KEY = pytest.StashKey[Told]()
 NCCL_LOG_KEY = pytest.StashKey[str | None]()  # NCCL's log file pattern (%h, %p), or None: no log
-PHASES_KEY = pytest.StashKey[list]()
-FIGURES_KEY = pytest.StashKey[dict]()
 PENDING_KEY = pytest.StashKey[list]()
 # The run's exit code, as every rank learns it from rank 0 at the end (srun takes the highest of its tasks').
 VERDICT_KEY = pytest.StashKey[int]()
 # Run by stackproof's worker, which leaves the process at once afterwards (no teardown to wait for).
 WORKER_KEY = pytest.StashKey[bool]()
-# The running check, on this rank: the findings it handed over, its class for a bare assertion, and the first
-# exception that was no assertion (type name, message, file:line).
-FOUND_KEY = pytest.StashKey[list]()
-CLASS_KEY = pytest.StashKey[tuple | None]()
-ERROR_KEY = pytest.StashKey[tuple | None]()
 IDENTITY_KEY = pytest.StashKey[identity.RankIdentity]()
 # How far along the run is: the checks started, and the module of the last one.
 PROGRESS_KEY = pytest.StashKey[list]()
@@ -61,12 +55,29 @@ PROGRESS_KEY = pytest.StashKey[list]()
 READINGS_KEY = pytest.StashKey[readings.Early]()
 
 
+@dataclasses.dataclass
+class Running:
+    """The running check, on this rank: its phases (outcome, message, seconds), the figures and the findings it
+    handed over, its class for a bare assertion, and the first exception that was no assertion (type name,
+    message, file:line)."""
+    phases: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
+    figures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    found: list[Finding] = dataclasses.field(default_factory=list)
+    classified: tuple[str, str] | None = None
+    error: tuple[str, str, str] | None = None
+
+
+RUNNING_KEY = pytest.StashKey[Running]()
+
+
 class Handover:
     """How the worker hands its objects to the plugin: the settings, the contract's stdout, what its launcher told
-    it (who prints, when the run ends), where NCCL logs."""
+    it (who prints, when the run ends), where NCCL logs, the readings it started early."""
 
-    def __init__(self, settings: ValidateConfig, stdout: IO[str] | None, told: Told, nccl_log: str | None):
+    def __init__(self, settings: ValidateConfig, stdout: IO[str] | None, told: Told, nccl_log: str | None,
+                 early: readings.Early | None = None):
         self.settings, self.stdout, self.told, self.nccl_log = settings, stdout, told, nccl_log
+        self.early = early  # started before the rank imported torch
         self.verdict: int | None = None  # what the run ended with, as this rank learnt it
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -79,6 +90,8 @@ class Handover:
         config.stash[TOLD_KEY] = self.told
         config.stash[NCCL_LOG_KEY] = self.nccl_log
         config.stash[WORKER_KEY] = True
+        if self.early is not None:
+            config.stash[READINGS_KEY] = self.early
 
 
 class Recorder:
@@ -90,7 +103,7 @@ class Recorder:
 
     def figure(self, name: str, value: float | int | str, unit: str = "") -> None:
         """On every rank: rank 0's figures are the check's; another rank's that differ are kept per rank."""
-        self._config.stash[FIGURES_KEY][name] = {"value": value, "unit": unit}
+        self._config.stash[RUNNING_KEY].figures[name] = {"value": value, "unit": unit}
 
     def hint(self, text: str) -> None:
         self._report.check(self._nodeid).hint = text
@@ -99,12 +112,12 @@ class Recorder:
         """What this check's assertion failing on this rank means for the machine (DCGM's vocabulary, see
         judge/findings.py), when the check hands over no finding of its own."""
         assert category in CATEGORIES and severity in SEVERITIES, (category, severity)
-        self._config.stash[CLASS_KEY] = (category, severity)
+        self._config.stash[RUNNING_KEY].classified = (category, severity)
 
     def found(self, *findings: Finding) -> None:
         """This rank's findings about the machine (its GPU, its node). A check that hands over any fails on this
         rank, and they, not the check's class, decide what is done to the node."""
-        self._config.stash[FOUND_KEY].extend(findings)
+        self._config.stash[RUNNING_KEY].found.extend(findings)
 
     def bad_input(self, message: str) -> None:
         """Input that turns out not to apply once the machine is known (a --baseline with no entry for it): the
@@ -140,9 +153,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[TOLD_KEY] = Told(False, launcher_started(given), run_ends(given))
         config.stash[NCCL_LOG_KEY] = environment.NCCL_DEBUG_FILE.get(given) or None
     told = config.stash[TOLD_KEY]
-    config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[PENDING_KEY] = [], {}, []
-    config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # meanwhile: CUDA's context, the world
-    node = settings.node_name or identity.node_name(environment.current())  # resolved once, for every check
+    config.stash[RUNNING_KEY], config.stash[PENDING_KEY] = Running(), []
+    if READINGS_KEY not in config.stash:  # the worker started them before torch's import; else now, beside
+        config.stash[READINGS_KEY] = readings.Early(settings.pci_devices)  # CUDA's context and the world's join
+    node = settings.node  # resolved once, for every check
     config.stash[DIST_KEY] = env = sp_dist.init(settings.rendezvous_timeout, settings.timeout, node)
     config.stash[REPORT_KEY] = report = Report(settings=settings.to_json())
     mine = identity.of_this_rank(env.rank, env.node_rank, env.local_rank, env.device.index if env.is_gpu else None,
@@ -265,8 +279,7 @@ def report(request: pytest.FixtureRequest) -> Recorder:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     config = item.config
     watchdog = config.stash[WATCHDOG_KEY]
-    config.stash[PHASES_KEY], config.stash[FIGURES_KEY], config.stash[FOUND_KEY] = [], {}, []
-    config.stash[CLASS_KEY] = config.stash[ERROR_KEY] = None
+    config.stash[RUNNING_KEY] = Running()
     _progress(item)
     watchdog.arm(item.nodeid)
     try:
@@ -296,13 +309,14 @@ def _progress(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
     rep: pytest.TestReport = yield
-    item.config.stash[PHASES_KEY].append((rep.outcome, _message(rep, call), rep.duration))
+    running = item.config.stash[RUNNING_KEY]
+    running.phases.append((rep.outcome, _message(rep, call), rep.duration))
     error = call.excinfo
     if rep.failed and error is not None and not isinstance(error.value, AssertionError | pytest.fail.Exception):
         entry = error.traceback[-1] if error.traceback else None
         where = f"{Path(str(entry.path)).name}:{entry.lineno + 1}" if entry else ""
-        if item.config.stash[ERROR_KEY] is None:
-            item.config.stash[ERROR_KEY] = (type(error.value).__name__, str(error.value), where)
+        if running.error is None:
+            running.error = (type(error.value).__name__, str(error.value), where)
     return rep
 
 
@@ -328,13 +342,14 @@ def _record(item: pytest.Item) -> None:
     """This rank's outcome of a check (the worst of its phases) and its figures, until the module's agreement;
     rank 0 records its own at once, so a verdict written early (the watchdog's) holds it."""
     config = item.config
-    phases = config.stash[PHASES_KEY]
+    running = config.stash[RUNNING_KEY]
+    phases = running.phases
     worst = max(phases, key=lambda p: consensus.OUTCOME_ORDER.index(p[0]), default=("passed", "", 0.0))
     outcome, message = worst[0], worst[1]
-    findings = _findings(config, item.nodeid, outcome, message)
+    findings = _findings(config, running, item.nodeid, outcome, message)
     if findings and outcome != "failed":  # a check that found something wrong fails, whatever it asserted
         outcome, message = "failed", " | ".join(map(str, findings))
-    mine = {"nodeid": item.nodeid, "outcome": outcome, "message": message, "figures": config.stash[FIGURES_KEY],
+    mine = {"nodeid": item.nodeid, "outcome": outcome, "message": message, "figures": running.figures,
             "findings": [f.to_json() for f in findings]}
     config.stash[PENDING_KEY].append(mine)
     if config.stash[DIST_KEY].is_main:
@@ -346,17 +361,16 @@ def _record(item: pytest.Item) -> None:
         check.findings = findings
 
 
-def _findings(config: pytest.Config, nodeid: str, outcome: str, message: str) -> list[Finding]:
+def _findings(config: pytest.Config, running: Running, nodeid: str, outcome: str, message: str) -> list[Finding]:
     """This rank's findings for the check, stamped with where they were found: those it handed over; else, when
     it failed, its assertion as the check classified it, or the exception as judge/exceptions.py reads it."""
-    found = list(config.stash[FOUND_KEY])
+    found = list(running.found)
     name = Report().check(nodeid).name
     if not found and outcome == "failed":
-        error = config.stash.get(ERROR_KEY, None)
-        if error is not None:
-            found = [exceptions.finding(name, *error)]
+        if running.error is not None:
+            found = [exceptions.finding(name, *running.error)]
         else:
-            category, severity = config.stash.get(CLASS_KEY, None) or ("unclassified", "triage")
+            category, severity = running.classified or ("unclassified", "triage")
             gpu = config.stash[IDENTITY_KEY].gpu or {}
             found = [Finding(gpu.get("index"), str(gpu.get("uuid", "")), name, "the check to pass", message,
                              category, severity, config.stash[REPORT_KEY].check(nodeid).hint or
@@ -436,7 +450,7 @@ def _finish(config: pytest.Config, report: Report) -> None:
     report.context["peak_rss_bytes_rank0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     path = outputs.write(report, config.stash[SETTINGS_KEY].reports_dir)
     if not config.stash[TOLD_KEY].settles:
-        print(f"#\n{report.table()}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
+        print(f"#\n{terminal.table(report)}\n# report: {path}", file=config.stash[STDOUT_KEY], flush=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from stackproof.errors import ConfigError, Exit
 from stackproof.judge.findings import Finding
-from stackproof.report import folders, outputs
+from stackproof.report import folders, outputs, terminal
 from stackproof.report.record import REPORT_FILE, UNREADABLE_FILE, Report, ReportUnreadable, stale_outputs
 
 STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGKILL)
@@ -208,5 +208,5 @@ def conclude(reports_dir: Path, out: IO[str], *, launcher_exit: int | None = Non
         return Report(override=(Exit.OK, why), complete=True)
     report = settle(reports_dir, launcher_exit=launcher_exit, interrupted=interrupted, timed_out_s=timed_out_s,
                     **seen)
-    print(f"{report.table()}\n# report: {reports_dir / 'report.json'}", file=out, flush=True)
+    print(f"{terminal.table(report)}\n# report: {reports_dir / 'report.json'}", file=out, flush=True)
     return report

@@ -12,7 +12,7 @@ from stackproof.errors import Exit
 from stackproof.judge import hardware, reach
 from stackproof.judge.expectation import BUS, expected_gpus
 from stackproof.judge.findings import Finding
-from stackproof.measure import cuda_reach, identity, topology
+from stackproof.measure import cuda_reach, topology
 from stackproof.report import outputs
 from stackproof.report.record import Report
 from stackproof.run.config import ValidateConfig
@@ -69,7 +69,7 @@ def why_no_gpu(expected: int, why: str) -> Finding:
 def _conclude(settings: ValidateConfig, code: Exit, message: str, out: IO[str], findings: list[Finding],
               write_report: bool = True, **context) -> Report:
     """The record of a run that ends before its ranks: its findings, on this node; the verdict, then the path."""
-    node = settings.node_name or identity.node_name(environment.current())
+    node = settings.node
     report = Report(override=(code, message), complete=True, settings=settings.to_json(),
                     findings=[f.at(node=node) for f in findings])
     report.context.update(context)

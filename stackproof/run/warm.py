@@ -63,6 +63,24 @@ CUDA_ERROR_NOT_INITIALIZED = 3  # cuda.h's CUresult
 # worker, torch, torch.distributed and pytest), and what the suite's collection of the fast tier adds.
 PRELOAD = ("stackproof.cli", "stackproof.run.launcher", "stackproof.run.worker", "stackproof.report.metrics",
            "pdb", "torch.nn.functional", "torch.distributed._functional_collectives", "torch.nn.parallel")
+# And every module of these packages (the suite's collection imports them; none touches CUDA at import, which the
+# agent checks after loading), and pytest's own plugins (each rank's session loads them).
+PRELOAD_PACKAGES = ("stackproof.measure", "stackproof.judge")
+
+
+def preload() -> None:
+    """Import what a warm rank would otherwise import before its first check."""
+    import pkgutil
+
+    import _pytest.config
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    for package in PRELOAD_PACKAGES:
+        for found in pkgutil.iter_modules(importlib.import_module(package).__path__, f"{package}."):
+            importlib.import_module(found.name)
+    for plugin in _pytest.config.default_plugins:
+        importlib.import_module(f"_pytest.{plugin}")
 
 
 def sameness() -> dict[str, str]:
@@ -114,8 +132,7 @@ class Agent:
         self.cwd = os.getcwd()  # `python -m` put it first on sys.path; a rank's is its launcher's
 
     def serve(self, ready: Callable[[str], None] = lambda _line: None) -> int:
-        for name in PRELOAD:
-            __import__(name)
+        preload()
         import torch
 
         if torch.cuda.is_initialized() or cuda_driver_initialised():  # the forks would share CUDA's state: never

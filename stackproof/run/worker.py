@@ -19,7 +19,7 @@ import pytest
 from stackproof import environment, pipes
 from stackproof.errors import ConfigError, Exit
 from stackproof.report.record import Report, ReportUnreadable
-from stackproof.run import launch_env, local_ranks, phases, settle, smoke_tests_dir, watchdog
+from stackproof.run import launch_env, local_ranks, phases, readings, settle, smoke_tests_dir, watchdog
 from stackproof.run.config import ValidateConfig
 from stackproof.run.dist import world_size_from_env
 from stackproof.run.plugin import Handover
@@ -65,6 +65,8 @@ def _nccl_debug_to_file(reports, env: Mapping[str, str]) -> str | None:
 
 
 _held: list[settle.Claim] = []
+# pytest's switch for the plugins installed beside it (their entry points): off in a rank.
+PLUGIN_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 
 
 def run(settings: ValidateConfig, env: Mapping[str, str]) -> int:
@@ -89,6 +91,9 @@ def _run(settings: ValidateConfig, env: Mapping[str, str]) -> int:
     launched = told.settles
     rank = int(environment.RANK.get(env) or 0)
     reports = settings.reports_dir
+    # NVML's start (0.24 s on an H200) and the inventory, beside torch's import rather than after it: torch's own
+    # count of the GPUs below then finds NVML started.
+    early = readings.Early(settings.pci_devices)
     import torch
 
     no_gpu = no_gpu_verdict(settings, torch.cuda.device_count(), sys.stdout, write_report=rank == 0)
@@ -102,11 +107,14 @@ def _run(settings: ValidateConfig, env: Mapping[str, str]) -> int:
     suite = smoke_tests_dir()
     # no:unraisableexception: at exit it runs gc.collect() until nothing is left, 0.75 s over torch's objects.
     # no:faulthandler: pytest's would point a crash's stacks at its captured stderr, not at the log (watchdog.py).
+    # Only the suite's own plugins: one installed beside it (hypothesis, anyio, xdist, pytest-benchmark in an ML
+    # image) loads at every rank's start and may run at its end (1-2 s on the H200's Python); `-- -p NAME` loads one.
+    environment.export({PLUGIN_AUTOLOAD: "1"})
     args = [str(suite), "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:faulthandler", "-q",
             "--rootdir", str(suite),
             "-c", str(suite / "pytest.ini"),
             *(("-k", settings.select) if settings.select else ()), *settings.pytest_args]
-    handover = Handover(settings, None, told, nccl_log)
+    handover = Handover(settings, None, told, nccl_log, early)
     with _logged_to(log) as contract:
         handover.stdout = contract
         watchdog.send_stacks_to(os.fdopen(os.dup(2), "w", buffering=1))  # the log, past pytest's capture
