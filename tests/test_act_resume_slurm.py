@@ -118,7 +118,7 @@ def _step(folder: Path, node: str, *, broken: bool, extra: str = "--reproof-fore
         if log.exists() and "# exit " in log.read_text():
             (folder / "step").unlink(missing_ok=True)
             return log.read_text()
-        time.sleep(1)
+        time.sleep(0.2)
     (folder / "step").unlink(missing_ok=True)
     pytest.fail(f"{step}: healthcheck.sh did not finish within {WAIT_S} s: "
                 f"{log.read_text()[-2000:] if log.exists() else 'no log'}")
@@ -167,7 +167,7 @@ def test_a_node_comes_back_only_by_proof_and_a_lemon_is_held(cluster):
     log = Path(re.search(r"its log (\S+)\)", started).group(1))
     deadline = time.monotonic() + WAIT_S
     while _events(cluster, "n2")[-1] != history.RETURNED and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     repaired = log.read_text()
     assert "this node is back in service; exit 0" in repaired, repaired[-3000:]
     run = re.search(r"re-proof \(full\) run (\S+): exit 0", repaired).group(1)
@@ -216,7 +216,7 @@ def test_a_node_an_operator_drained_is_never_checked_nor_resumed(cluster):
         time.sleep(0.2)
     _slurm("scontrol", "update", "nodename=n1", "state=drain", "reason=operator: replacing a PSU")
     while "left as it is" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     said = log.read_text()
     assert "re-proof (full) run" in said and ": exit 0 (" in said, said[-3000:]
     assert "during the re-proof this node became out of service for another reason" in said, said[-3000:]

@@ -151,7 +151,7 @@ def _finished(folder: Path, scenario: str, nodes=NODES) -> dict[str, str]:
         if all(p.exists() and "# exit " in p.read_text() for p in logs.values()):
             _scenario(folder, None)
             return {n: p.read_text() for n, p in logs.items()}
-        time.sleep(1)
+        time.sleep(0.2)
     _scenario(folder, None)
     pytest.fail(f"{scenario}: healthcheck.sh did not finish on {nodes} within {WAIT_S} s: "
                 f"{[(n, p.read_text()[-1500:] if p.exists() else 'no log') for n, p in logs.items()]}")

@@ -78,7 +78,7 @@ def test_the_hang_is_stamped_with_the_node_name_the_healthcheck_resolved(tmp_pat
     env = {**_clean_env(), **_with_fault(tmp_path, "collective-hangs"), "SLURMD_NODENAME": "elsewhere"}
     proc = subprocess.run([PYTHON, "-m", "stackproof", "healthcheck", "--scheduler", "none", "--node", "n2",
                            "--reports", str(tmp_path / "reports"), "--keep-runs", "2", "--expect-gpus", "0",
-                           "--nproc", "2", "--tier", "fast", "--timeout", "20"],
+                           "--nproc", "2", "--tier", "fast", "--timeout", "20", "--check-timeout", "8"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
     findings = [f for c in _report(tmp_path / "reports")["checks"] for f in c["findings"]]

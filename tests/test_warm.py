@@ -30,7 +30,8 @@ BROKEN_ALLREDUCE = REPO / "tests" / "fixtures" / "broken_allreduce"
 ALLREDUCE = ["--expect-gpus", "0", "--nproc", "2", "--tier", "full", "-k", "all_reduce and sum-float32",
              "--max-check-bytes", "64K", "--timeout", "60", "--deadline", "200"]
 # On the ranks' PYTHONPATH: each rank says, at its start, its parent and whether torch was loaded already; with
-# WARM_TEST_SLOW_S set in its environment it waits that long before it joins the world (a run that stays busy).
+# WARM_TEST_SLOW_S set in its environment it waits that long before it joins the world (a run that stays busy);
+# with WARM_TEST_GATE, until that file exists (at most 120 s): busy exactly until the test lets it go.
 # WARM_TEST_ALSO: another sitecustomize to run too (the broken all_reduce), as only one module of the name loads.
 SPY = textwrap.dedent("""
     import json, os, sys, time
@@ -40,6 +41,10 @@ SPY = textwrap.dedent("""
                                   "torch": "torch" in sys.modules}) + "\\n")
         if os.environ.get("WARM_TEST_SLOW_S"):
             time.sleep(float(os.environ["WARM_TEST_SLOW_S"]))
+        if os.environ.get("WARM_TEST_GATE"):
+            _until = time.monotonic() + 120
+            while not os.path.exists(os.environ["WARM_TEST_GATE"]) and time.monotonic() < _until:
+                time.sleep(0.05)
     if os.environ.get("WARM_TEST_ALSO"):
         with open(os.environ["WARM_TEST_ALSO"]) as also:
             exec(compile(also.read(), os.environ["WARM_TEST_ALSO"], "exec"))
@@ -189,8 +194,9 @@ def test_an_agent_whose_start_up_touched_cuda_refuses_to_serve(tmp_path, touch):
 def test_a_second_run_is_served_while_one_runs(tmp_path, agent):
     env = _env(tmp_path, True, STACKPROOF_WARM_SOCKET=agent.path)
     command = [PYTHON, "-m", "stackproof", "validate", "--expect-gpus", "0", "--tier", "fast", "-k", "dev_shm"]
+    gate = tmp_path / "gate"  # the first run's ranks wait for it: busy until the second run is done
     first = subprocess.Popen([*command, "--reports", str(tmp_path / "first")], cwd=tmp_path, text=True,
-                             env={**env, "WARM_TEST_SLOW_S": "20"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             env={**env, "WARM_TEST_GATE": str(gate)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while len(warm.status(agent.path)["ranks"]) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -198,6 +204,7 @@ def test_a_second_run_is_served_while_one_runs(tmp_path, agent):
     second = subprocess.run([*command, "--reports", str(tmp_path / "second")], cwd=tmp_path, text=True, env=env,
                             capture_output=True, timeout=120)
     still_running = first.poll() is None
+    gate.touch()
     out, _ = first.communicate(timeout=120)
     assert second.returncode == 0 and "warm start" in second.stdout, second.stdout[-3000:] + second.stderr[-3000:]
     assert still_running, "the second run did not overlap the first"
