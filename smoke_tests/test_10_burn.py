@@ -173,7 +173,16 @@ def test_gemms_give_known_answers_throughout(state, dist_env, settings, report):
     report.figure("seconds_unchecked", ", ".join(map(str, quiet[:10])) + (" ..." if len(quiet) > 10 else "")
                   if quiet else "none")
     assert not findings, f"{_where(s)}: " + " | ".join(map(str, findings))
+    _too_short(report, result.checked, "at least one batch of known-answer GEMMs")
     assert result.checked, f"{_where(s)}: the soak ended before any known-answer GEMM was checked"
+
+
+def _too_short(report, checked: int, what: str) -> None:
+    """A soak that ended before anything was checked says so of its own length, never of the GPU (a GPU that
+    stalled is the throughput check's and the watchdog's to name): an alert, never a drain."""
+    if not checked:
+        report.classify("configuration", "triage")
+        report.hint(f"raise --burn-seconds: the soak must last long enough for {what} on this host")
 
 
 def test_memory_and_copies_hold_their_data(state, dist_env, settings, report):
@@ -189,6 +198,7 @@ def test_memory_and_copies_hold_their_data(state, dist_env, settings, report):
     report.hint("drain the node; for memory: nvidia-smi -q -d ROW_REMAPPER after a GPU reset; for copies: the PCIe "
                 "link's AER errors (lspci -vv) and the host's memory ECC")
     assert not findings, f"{_where(s)}: " + " | ".join(map(str, findings))
+    _too_short(report, result.memory_bytes_checked, "a pass over the whole pattern buffer")
     assert result.memory_bytes_checked, f"{_where(s)}: the soak ended before any memory chunk was verified"
 
 

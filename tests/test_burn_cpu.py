@@ -61,7 +61,7 @@ def test_faults_after_seconds_of_load_name_the_rank_and_the_second(tmp_path):
     memory = {**checks(report, "passed"), **failed}["burn::memory_and_copies_hold_their_data"]
     if memory["outcome"] == "failed":  # then its one finding is that sentence, on rank 0: no wrong word
         assert memory["failed_ranks"] == [0] and "before any memory chunk was verified" in memory["message"], memory
-        assert [(f["rank"], "before any memory chunk was verified" in f["found"]) for f in memory["findings"]] == [
-            (0, True)], memory
+        assert [(f["rank"], "before any memory chunk was verified" in f["found"], f["category"], f["severity"])
+                for f in memory["findings"]] == [(0, True, "configuration", "triage")], memory  # alerted, not drained
     else:
         assert not memory.get("findings"), memory
