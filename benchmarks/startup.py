@@ -18,8 +18,10 @@ idle agent is asked whether CUDA is initialised in it, and NVML whether it holds
 the targets (issue 35, healthcheck on one H200: <= 7 s cold, <= 5 s warm, <= 3 s with the agent) are read here,
 never asserted in CI.
 
-Measured on 1 x H200 (torch 2.11, e3b2c64, medians of 3): healthcheck --scheduler none 9.39 s without the agent
-(torch imported at 3.69 s), 5.71 s with it (torch at 0.55 s); the checks 2.6 s, the ranks' exit after them 1.3 s.
+Measured on 1 x H200 (torch 2.11, cf42ec9, medians of 3): healthcheck --scheduler none 8.08 s without the agent
+(torch imported at 5.04 s; 3.5 to 5.4 s from one machine to the next), 3.90 s with it (torch at 0.46 s); the
+checks 2.3-2.5 s, the ranks' exit after them 0.3 s (1.3 s at e3b2c64). `--sample DIR` keeps every process's
+sampled stacks (benchmarks/sampler); `benchmarks/sampled.py DIR` says where each phase's time went.
 """
 
 from __future__ import annotations
