@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import itertools
 
 from stackproof.run.phases import RANK_PHASES, RUN_PHASES
 
