@@ -122,7 +122,8 @@ def main(argv: list[str]) -> int:
                         help="comma-separated prefixes of the functions counted inclusively")
     parser.add_argument("--timeline", action="store_true", help="also every process, 0.1 s at a time")
     options = parser.parse_args(argv)
-    runs = sorted(p for p in options.folder.iterdir() if (p / "samples").is_dir())
+    # A run keeps its report.json beside its samples; the agent's own folder (its ranks' samples, shared) has none.
+    runs = sorted(p for p in options.folder.iterdir() if (p / "samples").is_dir() and (p / "report.json").exists())
     for run in runs:
         print(report_for(run, options.top, tuple(options.match.split(",")), options.timeline))
     return 0
