@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -205,6 +206,37 @@ def test_the_lock_makes_a_second_node_wait_and_names_the_holder_when_it_times_ou
     finally:
         holder.kill()
         holder.wait(timeout=10)
+
+
+SLOW_TO_SAY = """import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o664)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(0.5)  # a holder descheduled between taking the lock and saying who it is
+os.pwrite(fd, f"pid {os.getpid()} on a slow host".encode(), 0)
+time.sleep(30)
+"""
+
+
+def test_a_healthcheck_finding_the_node_held_names_a_holder_slow_to_say_who_it_is(tmp_path):
+    """Two healthchecks at once: the one that finds the lock held waits for the holder's words, which follow its
+    flock (CI once read the file between the two and named no pid). Words are cleared before the lock is let go:
+    none name a holder that is gone."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", SLOW_TO_SAY, str(reports / lock.HEALTHCHECK_LOCK)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with lock.only_one(reports) as held_by:
+            assert held_by == f"pid {holder.pid} on a slow host"
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    with lock.only_one(reports) as held_by:
+        assert held_by == ""
+        assert (reports / lock.HEALTHCHECK_LOCK).read_text().startswith(f"pid {os.getpid()} on ")
+    assert (reports / lock.HEALTHCHECK_LOCK).read_text() == ""
 
 
 def test_a_lock_that_cannot_be_opened_holds_the_drain(tmp_path):

@@ -59,6 +59,7 @@ def held(path: Path | None, timeout_s: float) -> Iterator[float]:
 
 
 HEALTHCHECK_LOCK = ".stackproof-healthcheck.lock"  # in the reports folder; run/settle.py's run lock is another file
+HOLDER_WORDS_S = 2.0  # how long a healthcheck that finds the lock held waits for its holder to say who it is
 
 
 @contextlib.contextmanager
@@ -81,7 +82,7 @@ def only_one(reports_dir: Path) -> Iterator[str]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield os.pread(fd, 4096, 0).decode(errors="replace").strip() or f"{path} is held"
+            yield _holder(fd) or f"{path} is held"
             return
         except OSError:
             yield ""
@@ -90,6 +91,19 @@ def only_one(reports_dir: Path) -> Iterator[str]:
             now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}".encode(), 0)
-        yield ""
+        try:
+            yield ""
+        finally:
+            with contextlib.suppress(OSError):  # still held: words left behind would name a holder that is gone
+                os.ftruncate(fd, 0)
     finally:
         os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    """The holder's words. A holder writes them just after it takes the lock and clears them just before it lets
+    go, so a file found empty is one whose holder is between flock and write: wait for the words, briefly."""
+    give_up = time.monotonic() + HOLDER_WORDS_S
+    while not (words := os.pread(fd, 4096, 0).decode(errors="replace").strip()) and time.monotonic() < give_up:
+        time.sleep(0.01)
+    return words
