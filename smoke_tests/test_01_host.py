@@ -6,14 +6,13 @@ import pytest
 
 from stackproof.judge.promise import FAST, Needs
 
-pytestmark = pytest.mark.check(FAST, Needs())
+pytestmark = pytest.mark.check(FAST, Needs(), fails_as=("configuration", "triage"))
 MiB = 1 << 20
 # Docker gives containers 64 MiB of /dev/shm unless told otherwise: NCCL's SHM transport and DataLoader
 # workers then fail mid-run with "unable to write to file </torch_...>" or NCCL shm errors.
 
 
 def test_dev_shm_is_large_enough(report, settings):
-    report.classify("configuration", "triage")
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm on this system")
     stats = os.statvfs("/dev/shm")

@@ -7,12 +7,12 @@ pairwise checks and `stackproof spec` find them."""
 import pytest
 
 from stackproof.judge import fabric as rules
-from stackproof.judge import findings as judged
 from stackproof.judge import spec as node_spec
 from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import fabric
 
-pytestmark = pytest.mark.check(FAST, Needs(), optional="a node without RDMA ports has none to judge")
+pytestmark = pytest.mark.check(FAST, Needs(), fails_as=("interconnect", "triage"),
+                               optional="a node without RDMA ports has none to judge")
 
 
 def _spec_expect(settings, models: list[str]) -> dict | None:
@@ -48,7 +48,6 @@ def test_rdma_ports_hold_their_spec(dist_env, settings, report):
     if expect.get("rate_gbps"):
         report.figure("expected_rate", expect["rate_gbps"], "Gb/s")
     found = rules.port_findings(mine, expect, settings.max_link_downed)
-    report.classify(*(judged.worst(found) or ("interconnect", "triage")))
     report.hint("act on each finding's fix; ibstat and iblinkinfo on the node show the same ports")
     report.found(*found)
     assert not found, f"{node}: " + " | ".join(map(str, found))

@@ -27,6 +27,7 @@ def visible(inventory):
     return topology.visible(inventory, topology.cuda_visible_devices())
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
 def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     count = torch.cuda.device_count()
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
@@ -41,8 +42,8 @@ def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
     # GPUs missing that the scheduler allocated or the PCI bus shows are the node's fault (act drains it); fewer
     # than a flag or a launch asked for may be the flag's or the launch's.
-    lost = expectation.lost_by_the_node(expected, count, len(bus or []))
-    report.classify(*(hardware.GPUS_MISSING if lost else ("configuration", "triage")))
+    if expectation.lost_by_the_node(expected, count, len(bus or [])):
+        report.found(expectation.gpus_lost(expected, count))
     assert count == len(visible), (f"torch.cuda.device_count() = {count}, but NVML shows {len(visible)} GPU(s) "
                                    f"visible (CUDA_VISIBLE_DEVICES={cvd}, NVML total {len(inventory.gpus)})")
     gone = topology.missing_from_nvml(bus or [], inventory) if expected.source == expectation.BUS else []
@@ -65,8 +66,8 @@ def test_gpus_have_what_they_should(inventory, report):
     assert not findings, " | ".join(map(str, findings))
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
 def test_driver_supports_the_image_cuda(inventory, report):
-    report.classify("configuration", "triage")
     built = torch.version.cuda
     driver = inventory.cuda_driver_version
     report.figure("torch_cuda", built)
@@ -79,9 +80,9 @@ def test_driver_supports_the_image_cuda(inventory, report):
         report.figure("note", f"CUDA minor-version compatibility: {built} on a {driver} driver")
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("gpu-hardware", "isolate"))
 def test_every_gpu_computes(dist_env, report):
     """A matmul on small integers is exact in float32, so the GPU's answer must equal the CPU's bit for bit."""
-    report.classify("gpu-hardware", "isolate")
     devices = ([dist_env.device] if dist_env.local_world_size >= torch.cuda.device_count()
                else [torch.device("cuda", i) for i in range(torch.cuda.device_count())])
     generator = torch.Generator().manual_seed(1234)
@@ -97,10 +98,10 @@ def test_every_gpu_computes(dist_env, report):
 
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("software-pins", "triage"))
 def test_torch_has_kernels_for_every_gpu(dist_env, report):
     """An image built without kernels for this GPU fails here as software-pins, not later as a GPU that
     'cannot compute' (CUDA error: no kernel image is available for execution on the device)."""
-    report.classify("software-pins", "triage")
     arch_list = torch.cuda.get_arch_list()
     report.figure("arch_list", ",".join(arch_list))
     found = []
@@ -113,6 +114,7 @@ def test_torch_has_kernels_for_every_gpu(dist_env, report):
     assert not found, " | ".join(map(str, found))
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
 def test_no_two_ranks_share_a_gpu(dist_env, settings, report):
     """Two ranks on one GPU halve its figures and make stragglers of both: named here as the setup fault it is
     (judge/sharing.py), unless the nodes are emulated on one machine on purpose (--emulated-nodes)."""
@@ -123,7 +125,6 @@ def test_no_two_ranks_share_a_gpu(dist_env, settings, report):
     report.figure("shared_gpus", len(shared))
     if shared and settings.emulated_nodes:
         report.figure("emulated", "yes: per-GPU figures measured once per GPU, stragglers weighed by ranks per GPU")
-    report.classify("configuration", "triage")
     found = sharing.findings(uuids, nodes, dist_env.rank, dist_env.device.index, settings.emulated_nodes)
     report.found(*found)
     assert not found, " | ".join(map(str, found))

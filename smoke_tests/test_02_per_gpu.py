@@ -180,10 +180,10 @@ def test_health_history(own, xid_watch, dist_env, report):
     assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
 def test_memory_holds_patterns(own, first_on_gpu, dist_env, report):
     """DCGM's memory test, short: address, walking-bit and random patterns over most of the free memory."""
     gpu = own[0]
-    report.classify("configuration", "triage")  # wrong bytes are findings of their own, on the GPU
     if first_on_gpu != dist_env.rank:
         # Two ranks on one GPU (emulated nodes) would each find the other's half taken: the first tests it all.
         # gpus::no_two_ranks_share_a_gpu says whether the sharing itself is a fault.
@@ -213,9 +213,9 @@ def _delivered(report, gpu: topology.Gpu, moved: list[tuple[str, str, object]]) 
     assert not wrong, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, wrong))
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("performance", "triage"))
 def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
-    report.classify("performance", "triage")
     bar = bars.hbm_bar(gpu, settings.hbm_fraction)
     nbytes, iters = 1 << 30, 50
     mine = first_on_gpu == dist_env.rank
@@ -237,10 +237,10 @@ def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
             f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("gpu-hardware", "isolate"))
 def test_sdc_digest(own, dist_env, settings, report, ahead):
     """After the memory test and the HBM copies: the CPU made this check's inputs and answer meanwhile."""
     gpu = own[0]
-    report.classify("gpu-hardware", "isolate")
     perturb = faults.active(settings, "sdc", dist_env.rank)
     computed, error = _local(lambda: (
         gpu_proof.exact_gemm_mismatches(dist_env.device, perturb=perturb, inputs=ahead["exact"].result(ANSWERS_S)),
@@ -254,14 +254,13 @@ def test_sdc_digest(own, dist_env, settings, report, ahead):
     odd = {entry["rank"]: entry for entry in verdict["odd"]}
     report.figure("digest", digest[:16])
     report.figure("exact_gemm_mismatches", sum(wrong.values()))
-    report.hint("drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named; "
-                "a GPU that computes wrong must not train")
+    report.hint(per_gpu.COMPUTES_WRONG)
     where = _where(gpu, dist_env.device)
     assert not any(wrong.values()), (
         f"{where}: a GEMM on integers in {{-1, 0, 1}} (exact in every dtype) must equal the CPU's answer; "
         f"found elements that differ: {wrong}")
     if dist_env.rank in odd:
-        report.classify("gpu-hardware", odd[dist_env.rank]["severity"])  # a tie names no GPU to isolate
+        report.found(per_gpu.digest_disagrees(odd[dist_env.rank], gpu.index, gpu.uuid, model))
         expected = odd[dist_env.rank]["expected"]
         assert expected is not None, (
             f"{where}: the {model} GPUs of this job disagree on the GEMM-chain digest and none has a majority "
@@ -270,9 +269,9 @@ def test_sdc_digest(own, dist_env, settings, report, ahead):
                              f"{model} GPUs of this job (bf16 + fp32 chain, fixed seed): silent data corruption")
 
 
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("interconnect", "triage"))
 def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
-    report.classify("interconnect", "triage")
     bar = bars.pcie_bar(gpu, settings.pcie_fraction)
     expected = bars.pcie_expected(gpu)  # (gen, width): the link read under load is held to it
     errors: dict[str, str] = {}
@@ -348,10 +347,10 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
         pytest.skip(f"no bar for the copies ({h2d / 1e9:.1f} / {d2h / 1e9:.1f} GB/s measured): {bar.source}")
 
 
-@pytest.mark.check(FAST, Needs(gpu=True), optional="no GEMM bar for a GPU architecture without a table")
+@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("performance", "triage"),
+                   optional="no GEMM bar for a GPU architecture without a table")
 def test_gemm_throughput(own, first_on_gpu, dist_env, settings, report):
     gpu = own[0]
-    report.classify("performance", "triage")
     props = torch.cuda.get_device_properties(dist_env.device)
     bar = bars.gemm_bar(props.multi_processor_count, gpu.max_sm_clock_mhz, (props.major, props.minor),
                         settings.gemm_fraction)
@@ -378,7 +377,7 @@ def test_gemm_throughput(own, first_on_gpu, dist_env, settings, report):
     if _measured_elsewhere(first_on_gpu, dist_env, report, bar):
         return
     if isinstance(error, gpu_proof.WrongGemm):  # the GPU computes wrong: as silent data corruption
-        report.classify("gpu-hardware", "isolate")
+        report.found(per_gpu.computes_wrong(gpu.index, gpu.uuid, "GEMM throughput's kernel", str(error)))
     if error is not None:
         raise error
     slow = {entry["rank"]: entry for entry in verdict["slow"]}

@@ -9,7 +9,8 @@ from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import pins
 
 # Held where something declares the versions (a stackproof image's /etc/stackproof, --image, --expect-file).
-pytestmark = pytest.mark.check(FULL, Needs(), optional="nothing declares the versions outside a stackproof image")
+pytestmark = pytest.mark.check(FULL, Needs(), fails_as=("software-pins", "triage"),
+                               optional="nothing declares the versions outside a stackproof image")
 
 WHEEL_LIBRARIES = [("nccl", "nvidia-nccl-cu"), ("cudnn", "nvidia-cudnn-cu")]
 
@@ -26,7 +27,6 @@ def running():
 
 
 def test_versions_match_the_promise(promise, running, report):
-    report.classify("software-pins", "triage")
     versions, libraries = running
     for component, value in versions.items():
         report.figure(component, value or "none")
@@ -48,7 +48,6 @@ def test_versions_match_the_promise(promise, running, report):
 def test_native_library_comes_from_its_wheel(library, wheel_prefix, running, report):
     """The NCCL/cuDNN torch runs must be the pip wheel torch was built against, not one found on
     LD_LIBRARY_PATH (pytorch#122571)."""
-    report.classify("software-pins", "triage")
     versions, libraries = running
     installed = {n: v for n, v in pins.installed_versions().items() if n.startswith(wheel_prefix)}
     if not installed:
@@ -64,7 +63,6 @@ def test_native_library_comes_from_its_wheel(library, wheel_prefix, running, rep
 
 
 def test_installed_packages_match_the_lock(promise, report):
-    report.classify("software-pins", "triage")
     lock = promise.lock
     if not lock or not Path(lock).exists():
         pytest.skip("no lock to compare with (stackproof images carry theirs at /etc/stackproof/lock.txt)")
@@ -78,7 +76,6 @@ def test_installed_packages_match_the_lock(promise, report):
 
 
 def test_system_nccl_matches_torch(promise, running, report):
-    report.classify("software-pins", "triage")
     system = pins.system_nccl()
     if system is None:
         pytest.skip("no system libnccl in the linker cache: nothing can shadow torch's")

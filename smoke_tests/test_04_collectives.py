@@ -31,10 +31,11 @@ from stackproof.run import faults
 MiB = 1 << 20
 OP_NAMES = list(OPS)
 # gloo averages floats only, and older torches' gloo not at all: judged on CPU ranks where it runs, promised on GPUs.
-GLOO_AVG = pytest.mark.check(FULL, Needs(), optional="gloo averages floats only, and older torches' gloo not at all",
+GLOO_AVG = pytest.mark.check(FULL, Needs(), fails_as=("interconnect", "isolate"),
+                             optional="gloo averages floats only, and older torches' gloo not at all",
                              optional_on=("cpu",))
 OP_PARAMS = [pytest.param(op, marks=GLOO_AVG) if op == "avg" else op for op in OP_NAMES]
-pytestmark = pytest.mark.check(FULL, Needs())
+pytestmark = pytest.mark.check(FULL, Needs(), fails_as=("interconnect", "isolate"))
 DTYPE_NAMES = list(DTYPES)
 # (in place?, element offset): offset 1 makes the buffer start off every vector alignment NCCL likes. Each
 # placement is a new call on the same shape, with its own data.
@@ -95,8 +96,8 @@ def _verdict(failures: list[str]) -> None:
     assert not failures, failures[0] + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else "")
 
 
+@pytest.mark.check(FULL, Needs(), fails_as=("interconnect", "triage"))
 def test_barrier(dist_env, settings, report):
-    report.classify("interconnect", "triage")
     faults.stop_if_asked(settings, dist_env.rank)
     start = time.perf_counter()
     dist.barrier(device_ids=[dist_env.device.index] if dist_env.is_gpu else None)
@@ -106,7 +107,6 @@ def test_barrier(dist_env, settings, report):
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 @pytest.mark.parametrize("op", OP_PARAMS)
 def test_all_reduce(op, dtype_name, dist_env, settings, report):
-    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     _skip_unsupported(op, dtype, dist_env)
     ulps, failures, counts = _ulps(op, dtype, world), [], _counts(_max_bytes(settings, dist_env), dtype)
@@ -149,7 +149,6 @@ def _other_max_bytes(settings, dist_env) -> int:
 
 @pytest.mark.parametrize("op", OP_PARAMS)
 def test_reduce_scatter(op, dist_env, settings, report):
-    report.classify("interconnect", "isolate")
     rank, world, device, failures, cases = dist_env.rank, dist_env.world_size, dist_env.device, [], 0
     dtype_names = _dtypes_for(op, dist_env)
     for dtype_name in dtype_names:
@@ -173,7 +172,6 @@ def test_reduce_scatter(op, dist_env, settings, report):
 
 @pytest.mark.parametrize("op", OP_PARAMS)
 def test_reduce(op, dist_env, settings, report):
-    report.classify("interconnect", "isolate")
     rank, world, device, failures, cases = dist_env.rank, dist_env.world_size, dist_env.device, [], 0
     root = world - 1  # not rank 0: a root-0-only bug would hide otherwise
     dtype_names = _dtypes_for(op, dist_env)
@@ -198,7 +196,6 @@ def test_reduce(op, dist_env, settings, report):
 
 @pytest.mark.parametrize("dtype_name", OTHER_DTYPES)
 def test_broadcast(dtype_name, dist_env, settings, report):
-    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     root = world - 1
     failures = []
@@ -215,7 +212,6 @@ def test_broadcast(dtype_name, dist_env, settings, report):
 
 @pytest.mark.parametrize("dtype_name", OTHER_DTYPES)
 def test_all_gather(dtype_name, dist_env, settings, report):
-    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     failures = []
     for count in _counts(_max_bytes(settings, dist_env) // world, torch.int64)[-4:]:
@@ -263,7 +259,6 @@ def _moved_wrong(report, dist_env, wrong: list[tuple[str, str, object]]) -> None
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 @pytest.mark.parametrize("splits", ["even", "uneven"])
 def test_all_to_all_single(splits, dtype_name, dist_env, report):
-    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     wrong = []
     for count in MOVED_COUNTS:
@@ -287,12 +282,11 @@ def test_all_to_all_single(splits, dtype_name, dist_env, report):
     _moved_wrong(report, dist_env, wrong)
 
 
-@pytest.mark.check(FULL, Needs(ranks=2))
+@pytest.mark.check(FULL, Needs(ranks=2), fails_as=("interconnect", "isolate"))
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_send_recv_between_every_pair(dtype_name, dist_env, report):
     """Every ordered pair of ranks, both directions at once (a pipeline's activations forward, gradients back),
     scheduled round-robin so every rank is in one pair per round."""
-    report.classify("interconnect", "isolate")
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     wrong, pairs = [], 0
     for round_pairs in pairwise.round_robin(world):

@@ -71,10 +71,10 @@ def _network_bar(fabrics, dist_env, settings) -> bars.Bar:
                                         settings.busbw_fraction, settings.emulated_nodes)
 
 
-@pytest.mark.check(FULL, Needs(ranks=2), optional="no busbw bar across nodes without --min-busbw, nor on CPU ranks")
+@pytest.mark.check(FULL, Needs(ranks=2), fails_as=("performance", "triage"),
+                   optional="no busbw bar across nodes without --min-busbw, nor on CPU ranks")
 def test_all_reduce_busbw(sweep, gpus, fabrics, dist_env, settings, report):
     sweep, wrong = sweep
-    report.classify("performance", "triage")
     threshold = bars.busbw_bar(gpus, dist_env.num_nodes, settings.busbw_fraction, settings.min_busbw,
                                _network_bar(fabrics, dist_env, settings))
     header = (f"all_reduce sum in-place, {dist_env.world_size} ranks ({dist_env.backend}), "
@@ -101,10 +101,10 @@ def test_all_reduce_busbw(sweep, gpus, fabrics, dist_env, settings, report):
         f"found {largest.busbw_gbps:.1f} GB/s")
 
 
-@pytest.mark.check(FULL, Needs(gpu=True, ranks=2), optional="a torch without CUDA-graph NCCL capture, or --graph-max 0")
+@pytest.mark.check(FULL, Needs(gpu=True, ranks=2), fails_as=("configuration", "triage"),
+                   optional="a torch without CUDA-graph NCCL capture, or --graph-max 0")
 def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
     """Small messages without the host in the way: the latency a training step that replays a graph sees."""
-    report.classify("configuration", "triage")
     unsupported = bandwidth.graph_unsupported(dist_env.device)
     sizes = bandwidth.sweep_sizes(settings.sweep_min or 8, min(settings.graph_max, settings.sweep_max or 4 * GiB))
     if unsupported or not sizes:
@@ -131,10 +131,10 @@ def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
     _sums_intact(report, dist_env, wrong, "an all_reduce sum replayed from a CUDA graph")
 
 
-@pytest.mark.check(FULL, Needs(gpu=True, ranks=2), optional="NCCL_DEBUG set by the caller: no transport log of ours")
+@pytest.mark.check(FULL, Needs(gpu=True, ranks=2), fails_as=("configuration", "triage"),
+                   optional="NCCL_DEBUG set by the caller: no transport log of ours")
 def test_nccl_transport(sweep, gpus, fabrics, dist_env, settings, report, nccl_log):
     sweep = sweep[0]
-    report.classify("configuration", "triage")
     log = nccl_log
     mine = sorted(bandwidth.nccl_transports(log)) if log else []
     everyone = dist_env.agree(mine, "the NCCL transport report", lambda ranks: sorted(set().union(*ranks)))

@@ -94,8 +94,10 @@ def test_convolutions_give_the_known_answer(dtype_name, dist_env, report):
     report.figure("backend", _backend(device))
     report.figure("shapes", len(recipe.RESNET50_CONVS))
     report.figure("worst_relative_error", f"{worst:.2g}")
-    report.classify("gpu-hardware" if dist_env.is_gpu else "software-pins", "triage")
-    report.hint("a convolution gave wrong numbers: check the cuDNN/oneDNN build the image loads (pins) and the GPU "
-                "(sdc_digest); TORCH_CUDNN_V8_API_DISABLED=1 or torch.backends.cudnn.enabled=False narrows it down")
-    assert not failures, f"{_backend(device)}, {dtype_name}, channels_last: " + "; ".join(failures[:3]) + (
+    said = f"{_backend(device)}, {dtype_name}, channels_last: " + "; ".join(failures[:3]) + (
         f" (and {len(failures) - 3} more shapes)" if len(failures) > 3 else "")
+    if failures:
+        report.found(software.wrong_convolutions(_backend(device), dist_env.is_gpu, said,
+                                                 device.index if dist_env.is_gpu else None))
+    report.hint(software.CONVOLUTIONS_WRONG)
+    assert not failures, said

@@ -21,7 +21,7 @@ from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import training
 from stackproof.run import faults
 
-pytestmark = pytest.mark.check(FULL, Needs())
+pytestmark = pytest.mark.check(FULL, Needs(), fails_as=("software-pins", "triage"))
 
 WARMUP_STEPS_GPU = 5
 
@@ -115,7 +115,6 @@ def run(dist_env, settings):
 
 
 def test_sampler_shards_are_disjoint_and_cover_the_dataset(run, report):
-    report.classify("software-pins", "triage")
     for epoch, problem in enumerate(run["verdict"]["shards"]):
         assert not problem, f"epoch {epoch}: {problem}"
     assert run["verdict"]["reshuffled"], "set_epoch did not reshuffle the shards"
@@ -123,7 +122,6 @@ def test_sampler_shards_are_disjoint_and_cover_the_dataset(run, report):
 
 
 def test_loss_is_finite_and_decreasing(run, dist_env, report):
-    report.classify("software-pins", "triage")
     losses, shape = run["losses"], run["shape"]
     report.figure("loss_first", round(losses[0], 4))
     report.figure("loss_last", round(losses[-1], 4))
@@ -140,8 +138,8 @@ def test_loss_is_finite_and_decreasing(run, dist_env, report):
     assert losses[-1] < losses[0], f"loss did not decrease on a fixed batch: {losses}"
 
 
+@pytest.mark.check(FULL, Needs(), fails_as=("interconnect", "triage"))
 def test_gradients_are_identical_across_ranks(run, dist_env, report):
-    report.classify("interconnect", "triage")
     report.hint("DDP's gradient all_reduce gave ranks different answers: a broken NCCL/driver or GPU")
     for step, (reference, odd) in enumerate(run["verdict"]["grads"]):
         mine = run["mine"]["grads"][step]
@@ -149,8 +147,8 @@ def test_gradients_are_identical_across_ranks(run, dist_env, report):
                                           f"other ranks' (digest {mine}, rank 0 has {reference})")
 
 
+@pytest.mark.check(FULL, Needs(), fails_as=("interconnect", "triage"))
 def test_parameters_are_identical_after_the_step(run, dist_env, report):
-    report.classify("interconnect", "triage")
     verdict = run["verdict"]
     if dist_env.rank in verdict["params"]:
         mine = training.per_tensor_digests(run["model"].named_parameters())
@@ -160,7 +158,6 @@ def test_parameters_are_identical_after_the_step(run, dist_env, report):
 
 
 def test_checkpoint_reloads_identically_on_every_rank(run, dist_env, report):
-    report.classify("software-pins", "triage")
     report.figure("digest", run["mine"]["checkpoint"])
     assert dist_env.rank not in run["verdict"]["checkpoint"], \
         "this rank reloaded rank 0's checkpoint into different weights"
@@ -186,7 +183,6 @@ def test_one_step_equals_a_single_process_reference(dist_env, report):
     BatchNorm buffers those of its shard, both computed in float64 on the CPU by formula (no convolution,
     batch_norm or linear kernel shared with the rank, so a kernel wrong on every rank shows), within the float32
     rounding of the step."""
-    report.classify("software-pins", "triage")
     rank, world, device = dist_env.rank, dist_env.world_size, dist_env.device
     # float32 kernels, no TF32 (convolutions nor the linear head's GEMM): the bound is float32's.
     matmul_tf32 = torch.backends.cuda.matmul.allow_tf32

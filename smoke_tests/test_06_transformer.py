@@ -13,9 +13,10 @@ from stackproof.judge import transformer as judged
 from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import transformer
 
-pytestmark = pytest.mark.check(FULL, Needs())
-MODES = [pytest.param(mode, marks=pytest.mark.check(FULL, Needs(api=judged.FSDP2_API))) if mode == "fsdp2" else mode
-         for mode in judged.MODES]
+WRONG_STEP = ("software-pins", "triage")
+pytestmark = pytest.mark.check(FULL, Needs(), fails_as=WRONG_STEP)
+MODES = [pytest.param(mode, marks=pytest.mark.check(FULL, Needs(api=judged.FSDP2_API), fails_as=WRONG_STEP))
+         if mode == "fsdp2" else mode for mode in judged.MODES]
 
 HINT = ("a training step differs from its float64 reference: an attention / GEMM kernel (see the attention and "
         "GEMM checks), DDP's or FSDP's gradient reduction, no_sync accumulation, or the GradScaler")
@@ -24,7 +25,6 @@ HINT = ("a training step differs from its float64 reference: an attention / GEMM
 @pytest.mark.parametrize("precision", judged.PRECISIONS)
 @pytest.mark.parametrize("mode", MODES)
 def test_training_step_equals_the_float64_reference(mode, precision, dist_env, report):
-    report.classify("software-pins", "triage")
     shape, world = judged.SHAPE, dist_env.world_size
     before, grads, after = transformer.step(mode, precision, shape, dist_env.rank, dist_env.device)
     want = transformer.reference_gradients(shape, world, before)

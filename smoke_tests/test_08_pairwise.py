@@ -85,12 +85,10 @@ def _delivered_intact(report, dist_env, settings, exchanges) -> None:
 
 
 def _blame(report, dist_env, verdict) -> None:
-    """Every rank named by the verdict fails with the same message: the node table then shows where. A named node
-    or GPU is to be isolated; a slow link (its two ends are in the node table too) is to be triaged."""
-    report.classify("interconnect", "isolate" if verdict["members_named"] else "triage")
-    report.hint("a pair below the bar: check its link (nvidia-smi nvlink -s, nvidia-smi topo -m; across nodes the "
-                "NIC, cable and switch port: ibstat, perfquery) and re-run the node against a known-good one")
+    """Every rank named by the verdict fails with the same finding (judge/pairwise.py's blamed)."""
+    report.hint(blame.SLOW_PAIR_FIX)
     if dist_env.rank in verdict["ranks"]:
+        report.found(blame.blamed(verdict))
         raise AssertionError("; ".join(verdict["findings"]))
 
 

@@ -18,7 +18,7 @@ from stackproof.judge.health import nvml_error_finding
 from stackproof.judge.promise import SOAK, Needs
 from stackproof.measure import burn, health, topology
 
-pytestmark = pytest.mark.check(SOAK, Needs())
+pytestmark = pytest.mark.check(SOAK, Needs(), fails_as=("gpu-hardware", "isolate"))
 
 HOST = socket.gethostname()
 SAY_EVERY_S = 10  # one progress line per this many seconds on stdout (the contract: at most one a second)
@@ -155,7 +155,6 @@ def _soaked(state, dist_env, settings, report):
 def test_gemms_give_known_answers_throughout(state, dist_env, settings, report):
     s = _soaked(state, dist_env, settings, report)
     result = s["result"]
-    report.classify("gpu-hardware", "isolate")
     wrong = [w for w in result.wrong if w["what"] == "known-answer GEMM"]
     findings = rules.wrong_answers(s["index"], s["uuid"], wrong, s["samples"], s["total"])
     report.found(*findings)
@@ -178,17 +177,13 @@ def test_gemms_give_known_answers_throughout(state, dist_env, settings, report):
 
 
 def _too_short(report, checked: int, what: str) -> None:
-    """A soak that ended before anything was checked says so of its own length, never of the GPU (a GPU that
-    stalled is the throughput check's and the watchdog's to name): an alert, never a drain."""
     if not checked:
-        report.classify("configuration", "triage")
-        report.hint(f"raise --burn-seconds: the soak must last long enough for {what} on this host")
+        report.found(rules.too_short(what))
 
 
 def test_memory_and_copies_hold_their_data(state, dist_env, settings, report):
     s = _soaked(state, dist_env, settings, report)
     result = s["result"]
-    report.classify("gpu-hardware", "isolate")
     wrong = [w for w in result.wrong if w["what"] != "known-answer GEMM"]
     findings = rules.wrong_answers(s["index"], s["uuid"], wrong, s["samples"], s["total"])
     report.found(*findings)
@@ -202,12 +197,12 @@ def test_memory_and_copies_hold_their_data(state, dist_env, settings, report):
     assert result.memory_bytes_checked, f"{_where(s)}: the soak ended before any memory chunk was verified"
 
 
-@pytest.mark.check(SOAK, Needs(), optional="CPU ranks share the host's cores: judged only with --burn-sag",
+@pytest.mark.check(SOAK, Needs(), fails_as=("performance", "triage"),
+                   optional="CPU ranks share the host's cores: judged only with --burn-sag",
                    optional_on=("cpu",), promised_by="burn_sag")
 def test_throughput_holds_over_time(state, dist_env, settings, report):
     s = _soaked(state, dist_env, settings, report)
     figures, bar = s["figures"], s["bar"]
-    report.classify("performance", "triage")
     # Per GPU (name@host:gpu): what a baseline of known-good burn runs holds each GPU to (judge/baseline.py).
     for name, value in (("burn_first", figures["first"]), ("burn_sustained", figures["last"])):
         if value is not None:
@@ -227,10 +222,9 @@ def test_throughput_holds_over_time(state, dist_env, settings, report):
 
 # CPU ranks share the host's cores: no rank is held to the others. The job's GPUs are the peers (those of
 # another model have their own median).
-@pytest.mark.check(SOAK, Needs(gpu=True, ranks=2))
+@pytest.mark.check(SOAK, Needs(gpu=True, ranks=2), fails_as=("performance", "triage"))
 def test_no_gpu_lags_its_peers(state, dist_env, settings, report):
     s = _soaked(state, dist_env, settings, report)
-    report.classify("performance", "triage")
     median = (s["peers"]["median"] or {}).get(s["model"])
     if median is not None:
         report.figure("median", round(median, 4), "TFLOP/s")
@@ -241,11 +235,10 @@ def test_no_gpu_lags_its_peers(state, dist_env, settings, report):
     assert not findings, f"{_where(s)}: " + " | ".join(map(str, findings))
 
 
-@pytest.mark.check(SOAK, Needs(gpu=True))  # NVML's clocks and temperature
+@pytest.mark.check(SOAK, Needs(gpu=True), fails_as=("gpu-hardware", "triage"))  # NVML's clocks and temperature
 def test_clocks_and_temperature_hold(state, dist_env, settings, report):
     s = _soaked(state, dist_env, settings, report)
     samples, limits = s["samples"], s["result"].limits
-    report.classify("gpu-hardware", "triage")
     findings = rules.clocks(s["index"], s["uuid"], samples, s["total"])
     findings += rules.temperature(s["index"], s["uuid"], samples, limits.get("max_temp_c"), s["total"])
     findings += [nvml_error_finding(s["index"], s["uuid"], what, error) for what, error in s["sampler"].errors.items()]

@@ -11,7 +11,8 @@ from stackproof.judge.promise import FAST, Needs
 from stackproof.report import baseline
 
 # Not promised: a --baseline holds only the figures it has, and none given holds none.
-pytestmark = pytest.mark.check(FAST, Needs(), optional="no --baseline given, or it holds none of this run's figures")
+pytestmark = pytest.mark.check(FAST, Needs(), fails_as=("performance", "triage"),
+                               optional="no --baseline given, or it holds none of this run's figures")
 
 
 def test_figures_hold_their_baseline(dist_env, settings, report):
@@ -45,7 +46,6 @@ def test_figures_hold_their_baseline(dist_env, settings, report):
     if not answer["compared"]:
         pytest.skip(f"this run measured none of the figures of {settings.baseline} ({answer['key']}); run the "
                     "checks the baseline was made from")
-    report.classify("performance", "triage")
     report.hint("a figure fell below the machine's own known-good runs: compare the node's GPUs, links and clocks "
                 "with a good node; if the change is intended (new image, new driver), make the baseline again")
     mine = answer["worse"].get(str(dist_env.rank), [])

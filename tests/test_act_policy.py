@@ -16,7 +16,7 @@ import pytest
 from stackproof.act import breaker, decide, hardware, kubernetes, slurm
 from stackproof.act.config import ActConfig
 from stackproof.errors import ConfigError, Exit
-from stackproof.judge import hang, policy
+from stackproof.judge import expectation, hang, policy
 from stackproof.judge import hardware as jhardware
 from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding
 from stackproof.measure import topology
@@ -37,7 +37,8 @@ def test_only_the_machines_own_faults_drain():
             assert action == policy.ALERT, (category, severity)
     assert policy.action("gpu-hardware", "isolate") == policy.DRAIN
     assert policy.action("", "") == policy.ALERT  # an unclassified failure never drains
-    assert policy.action(*jhardware.GPUS_MISSING) == policy.action(*jhardware.GPU_HANG) == policy.DRAIN
+    lost = expectation.gpus_lost(expectation.Expected(2, expectation.SCHEDULER, "SLURM_GPUS_ON_NODE=2"), 1)
+    assert policy.action(lost.category, lost.severity) == policy.action(*jhardware.GPU_HANG) == policy.DRAIN
     assert policy.strongest([policy.REPORT, policy.DRAIN, policy.ALERT]) == policy.DRAIN
 
 

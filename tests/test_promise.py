@@ -58,15 +58,20 @@ def test_a_declaration_promises_what_its_tier_can_judge_unless_optional():
     assert not gloo.promised("full", cpu, ALL, api) and gloo.promised("full", gpu, ALL, api)
     sag = Declaration(SOAK, optional="shared cores", optional_on=("cpu",), promised_by="burn_sag")
     assert not sag.promised("burn", cpu, {"burn_sag": None}, api) and sag.promised("burn", cpu, {"burn_sag": .1}, api)
-    round_trip = Declaration(FULL, Needs(gpu=True, ranks=2), optional="why", optional_on=("cpu",), promised_by="x")
+    round_trip = Declaration(FULL, Needs(gpu=True, ranks=2), fails_as=("interconnect", "isolate"), optional="why",
+                             optional_on=("cpu",), promised_by="x")
     assert Declaration.from_json(json.loads(json.dumps(round_trip.to_json()))) == round_trip
+    assert Declaration.from_json({"tiers": ["full"]}).fails_as == promise.UNCLASSIFIED  # a report from before
 
 
-def test_a_declaration_of_no_known_tier_is_refused():
+def test_a_declaration_of_no_known_tier_or_class_is_refused():
     with pytest.raises(ConfigError, match="expected tiers among"):
         Declaration(("nightly",))
     with pytest.raises(ConfigError, match="found no tier"):
         Declaration(())
+    for wrong in (("tool-error", "triage"), ("gpu-hardware", "drain"), ("gpu-hardware",)):
+        with pytest.raises(ConfigError, match=r"expected fails_as=\(category, severity\)"):
+            Declaration(FAST, fails_as=wrong)
 
 
 # --- the suite's own declarations --------------------------------------------------------------------------------
@@ -222,6 +227,33 @@ def test_k_per_gpu_on_a_cpu_host_does_not_exit_0(tmp_path):
     assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-3000:]
     assert report["message"].startswith("no check was judged: every check skipped, e.g. per_gpu::")
     assert "# Verdict: FAILED (exit code 4" in proc.stdout
+
+
+DECLARED_CLASS = """import pytest
+from stackproof.judge.promise import FAST, Needs
+
+@pytest.mark.check(FAST, Needs(), fails_as=("performance", "triage"))
+def test_slow():
+    assert 1 > 2, "a figure below its bar"
+
+@pytest.mark.check(FAST, Needs())
+def test_says_nothing_of_its_failure():
+    assert 1 > 2, "something off"
+"""
+
+
+def test_a_bare_assertion_fails_as_its_check_declares(tmp_path):
+    """The class a failing assertion gets is the check's declaration's (fails_as), and unclassified without one:
+    it decides what is done to the node (an alert for both here, never a drain)."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_01_declared.py").write_text(DECLARED_CLASS)
+    proc, report = validate(tmp_path, "--nproc", "1", "-k", "declared", "--", str(suite))
+    assert proc.returncode == Exit.FAILED, proc.stdout[-2000:] + proc.stderr[-2000:]
+    found = {check["name"]: [(f["category"], f["severity"], f["found"]) for f in check["findings"]]
+             for check in report["checks"]}
+    assert found == {"declared::slow": [("performance", "triage", "a figure below its bar")],
+                     "declared::says_nothing_of_its_failure": [("unclassified", "triage", "something off")]}, found
 
 
 def test_an_undeclared_smoke_test_is_refused(tmp_path):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from stackproof.judge.findings import RMA, Finding
+
 NO_GPU_VALUES = ("", "void", "none")
 
 # Where the expectation came from.
@@ -69,3 +71,10 @@ def lost_by_the_node(expected: Expected, seen: int, on_the_bus: int) -> bool:
     to the job or the PCI bus shows them; fewer than a flag or a launch asked for may be the flag's or the
     launch's (configuration)."""
     return seen < expected.count and (expected.source == SCHEDULER or on_the_bus >= expected.count)
+
+
+def gpus_lost(expected: Expected, seen: int) -> Finding:
+    """The node's finding when lost_by_the_node: GPUs the scheduler allocated or the PCI bus shows, not visible."""
+    return Finding(None, "", "GPUs visible", f">= {expected.count} GPU(s) ({expected.why})", f"{seen}",
+                   "gpu-hardware", "isolate", "drain the node; check the kernel log for Xid 79 / NVRM errors and "
+                                              "nvidia-smi; reboot; if a GPU stays missing, " + RMA)

@@ -92,7 +92,6 @@ def missing_from_the_bus(addresses: list[str], nvml_sees: int) -> list[Finding]:
                     "nvidia-smi; reboot; if it stays missing, " + RMA) for address in addresses]
 
 
-GPUS_MISSING = ("gpu-hardware", "isolate")  # GPUs the scheduler allocated or the PCI bus shows, not visible
 GPU_HANG = ("gpu-hardware", "reset")  # the watchdog's stall of one rank that drives a GPU
 
 

@@ -22,6 +22,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from stackproof.judge.findings import Finding
+
 GB = 1e9
 Pair = tuple[int, int]
 
@@ -398,3 +400,14 @@ def node_verdict(first: NodePass, again_exchanges: Sequence[Sequence[dict]], per
             "figures": [[a, b, g] for (a, b), g in figures.items()], "bar": bar.gbps, "source": bar.source,
             "named_nodes": [names[m] for m in members], "named_links": [[names[a], names[b]] for a, b in links],
             "loss_judged": bool(first.segments)}
+
+
+SLOW_PAIR_FIX = ("a pair below the bar: check its link (nvidia-smi nvlink -s, nvidia-smi topo -m; across nodes the "
+                 "NIC, cable and switch port: ibstat, perfquery) and re-run the node against a known-good one")
+
+
+def blamed(verdict: Mapping[str, Any]) -> Finding:
+    """The finding every rank a verdict names fails with (the node table then shows where): a named node or GPU is
+    to be isolated; a slow link, whose two ends are in the node table too, to be triaged."""
+    return Finding(None, "", "pairwise bandwidth", "every pair at or above the bar", "; ".join(verdict["findings"]),
+                   "interconnect", "isolate" if verdict["members_named"] else "triage", SLOW_PAIR_FIX)

@@ -7,6 +7,10 @@ from __future__ import annotations
 import statistics
 
 from stackproof.judge import consensus
+from stackproof.judge.findings import Finding
+
+COMPUTES_WRONG = ("drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named; a GPU that "
+                  "computes wrong must not train")
 
 
 def odd_ones_out(values: list, trusted: list[bool] | None = None) -> list[int]:
@@ -59,3 +63,19 @@ def below_median_by_model(entries: list[dict], tolerance: float) -> dict:
         slow += [{"rank": ranks[i], "found": values[i], "median": medians[model]}
                  for i in below_median(values, tolerance)]
     return {"slow": sorted(slow, key=lambda s: s["rank"]), "median": medians}
+
+
+def digest_disagrees(odd: dict, gpu_index: int, uuid: str, model: str) -> Finding:
+    """This GPU's finding from odd_ones_out_by_model's entry for it: outvoted by its model's majority, to isolate;
+    in a tie (no majority) one of the GPUs computes wrong and which cannot be told, to triage."""
+    majority = odd["expected"]
+    expected = (f"GEMM-chain digest {majority[:16]}, like the other {model} GPUs of this job" if majority is not None
+                else f"one GEMM-chain digest that most {model} GPUs of this job agree on")
+    return Finding(gpu_index, uuid, "GEMM digest", expected, f"{odd['found'][:16]} (bf16 + fp32 chain, fixed seed)",
+                   "gpu-hardware", odd["severity"], COMPUTES_WRONG if majority is not None else
+                   "rerun with a third GPU of the model: the majority names the GPU that computes wrong")
+
+
+def computes_wrong(gpu_index: int, uuid: str, what: str, found: str) -> Finding:
+    """A GPU whose kernel's result is not the exact answer: silent data corruption, to isolate."""
+    return Finding(gpu_index, uuid, what, "the exact answer", found, "gpu-hardware", "isolate", COMPUTES_WRONG)

@@ -69,3 +69,16 @@ def arch_finding(arch_list: list[str], capability: tuple[int, int], gpu_index: i
 def known_answer(library: str, what: str, expected: str, found: str) -> Finding:
     """A library the image ships gave a wrong answer, or none (an error where the answer was due)."""
     return pins(f"{library}: {what}", expected, found)
+
+
+CONVOLUTIONS_WRONG = ("a convolution gave wrong numbers: check the cuDNN/oneDNN build the image loads (pins) and the "
+                      "GPU (sdc_digest); TORCH_CUDNN_V8_API_DISABLED=1 or torch.backends.cudnn.enabled=False narrows "
+                      "it down")
+
+
+def wrong_convolutions(backend: str, on_gpu: bool, found: str, gpu_index: int | None = None) -> Finding:
+    """Convolutions off their known answer. On CPU ranks the image's oneDNN is to blame; on a GPU the GPU or the
+    image's cuDNN, which this check cannot tell apart: the GPU's, to triage (sdc_digest on it says whether it
+    computes wrong)."""
+    return Finding(gpu_index, "", f"{backend} convolutions", "ResNet-50's convolutions within their known answer's "
+                   "bound", found, "gpu-hardware" if on_gpu else "software-pins", "triage", CONVOLUTIONS_WRONG)

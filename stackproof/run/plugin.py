@@ -25,7 +25,7 @@ import pytest
 from stackproof import environment
 from stackproof.errors import ConfigError, Exit, RankTimeout
 from stackproof.judge import consensus, exceptions, promise
-from stackproof.judge.findings import CATEGORIES, SEVERITIES, Finding, tool_error
+from stackproof.judge.findings import Finding, tool_error
 from stackproof.measure import identity, pins
 from stackproof.report import outputs, terminal
 from stackproof.report.record import Figure, Report
@@ -57,13 +57,13 @@ READINGS_KEY = pytest.StashKey[readings.Early]()
 
 @dataclasses.dataclass
 class Running:
-    """The running check, on this rank: its phases (outcome, message, seconds), the figures and the findings it
-    handed over, its class for a bare assertion, and the first exception that was no assertion (type name,
-    message, file:line)."""
+    """The running check, on this rank: its declared class for a bare assertion, its phases (outcome, message,
+    seconds), the figures and the findings it handed over, and the first exception that was no assertion (type
+    name, message, file:line)."""
+    fails_as: tuple[str, str] = promise.UNCLASSIFIED
     phases: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
     figures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     found: list[Finding] = dataclasses.field(default_factory=list)
-    classified: tuple[str, str] | None = None
     error: tuple[str, str, str] | None = None
 
 
@@ -95,7 +95,7 @@ class Handover:
 
 
 class Recorder:
-    """What a check hands to the report: figures, the fix for when it fails, its category, run-wide context."""
+    """What a check hands to the report: figures, the fix for when it fails, its findings, run-wide context."""
 
     def __init__(self, config: pytest.Config, nodeid: str):
         self._config, self._nodeid = config, nodeid
@@ -107,12 +107,6 @@ class Recorder:
 
     def hint(self, text: str) -> None:
         self._report.check(self._nodeid).hint = text
-
-    def classify(self, category: str, severity: str) -> None:
-        """What this check's assertion failing on this rank means for the machine (DCGM's vocabulary, see
-        judge/findings.py), when the check hands over no finding of its own."""
-        assert category in CATEGORIES and severity in SEVERITIES, (category, severity)
-        self._config.stash[RUNNING_KEY].classified = (category, severity)
 
     def found(self, *findings: Finding) -> None:
         """This rank's findings about the machine (its GPU, its node). A check that hands over any fails on this
@@ -142,9 +136,10 @@ class Recorder:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "check(tiers, needs, optional='', optional_on=('gpu', 'cpu')): the check's "
-                                       "declaration (stackproof/judge/promise.py): its tiers, what it needs, and "
-                                       "why a run that has that may still not judge it")
+    config.addinivalue_line("markers", "check(tiers, needs, fails_as=('unclassified', 'triage'), optional='', "
+                                       "optional_on=('gpu', 'cpu')): the check's declaration "
+                                       "(stackproof/judge/promise.py): its tiers, what it needs, what its assertion "
+                                       "failing means, and why a run that has that may still not judge it")
     settings = config.stash.get(SETTINGS_KEY, None) or ValidateConfig()
     config.stash[SETTINGS_KEY] = settings
     config.stash.setdefault(STDOUT_KEY, sys.stdout)
@@ -279,7 +274,7 @@ def report(request: pytest.FixtureRequest) -> Recorder:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     config = item.config
     watchdog = config.stash[WATCHDOG_KEY]
-    config.stash[RUNNING_KEY] = Running()
+    config.stash[RUNNING_KEY] = Running(declaration(item).fails_as)
     _progress(item)
     watchdog.arm(item.nodeid)
     try:
@@ -363,14 +358,15 @@ def _record(item: pytest.Item) -> None:
 
 def _findings(config: pytest.Config, running: Running, nodeid: str, outcome: str, message: str) -> list[Finding]:
     """This rank's findings for the check, stamped with where they were found: those it handed over; else, when
-    it failed, its assertion as the check classified it, or the exception as judge/exceptions.py reads it."""
+    it failed, its assertion as the check's declaration classes it, or the exception as judge/exceptions.py
+    reads it."""
     found = list(running.found)
     name = Report().check(nodeid).name
     if not found and outcome == "failed":
         if running.error is not None:
             found = [exceptions.finding(name, *running.error)]
         else:
-            category, severity = running.classified or ("unclassified", "triage")
+            category, severity = running.fails_as
             gpu = config.stash[IDENTITY_KEY].gpu or {}
             found = [Finding(gpu.get("index"), str(gpu.get("uuid", "")), name, "the check to pass", message,
                              category, severity, config.stash[REPORT_KEY].check(nodeid).hint or
