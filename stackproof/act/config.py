@@ -23,9 +23,9 @@ def tiers_problem(text: str) -> str | None:
     if not names or any(t not in TIERS for t in names) or len(set(names)) != len(names):
         return f"expected tiers from {', '.join(TIERS)}, comma-separated, each once, found {text!r}"
     return None
-# The whole healthcheck: slurmd kills a HealthCheckProgram at 60 s; 3 s are left for the interpreter's start and
-# exit around the command. A DaemonSet, which no such limit holds, passes its own --deadline.
-DEADLINE_S = 57.0
+# The whole healthcheck, ended before slurmd kills it with the interpreter's start and exit around it left. A
+# DaemonSet, which no such limit holds, passes its own --deadline.
+DEADLINE_S = budget.SLURMD_LIMIT_S - budget.START_AND_EXIT_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +80,8 @@ class ActConfig(Settings):
     reproof_foreground: bool = option(False, "run the re-proof inside this healthcheck and wait for it (a "
                                              "DaemonSet, a small re-proof); by default it runs detached, in its own "
                                              "session, one at a time per node (its log: reproof.log under "
-                                             "--reports), since slurmd kills a HealthCheckProgram at 60 s and the "
-                                             "default re-proof takes minutes")
+                                             f"--reports), since slurmd kills a HealthCheckProgram at "
+                                             f"{budget.SLURMD_LIMIT_S:g} s and the default re-proof takes minutes")
     lemon_window: float = option(history.LEMON_WINDOW_S,
                                  "a node taken out again within this many seconds of stackproof returning it "
                                  "(--lemon-count take-outs in all) stays out and needs service, whatever its next "

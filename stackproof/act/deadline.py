@@ -23,6 +23,7 @@ from stackproof.run.local_ranks import KILL_GRACE_S, KILL_WAIT_S
 __all__ = ["Deadline", "fit", "problem", "ranks_budget_s", "ranks_most_s"]
 
 SLURMD_LIMIT_S = 60.0  # slurm.conf: a HealthCheckProgram not done in 60 s is killed
+START_AND_EXIT_S = 3.0  # the interpreter's start and exit around the healthcheck command, inside slurmd's limit
 # After the ranks are told to stop: the grace, then SIGKILL's bounded waits (local_ranks: one after the stop,
 # one more in its final sweep), and the verdict's own settling.
 STOP_S = KILL_GRACE_S + 2 * KILL_WAIT_S + 1.0
