@@ -18,9 +18,9 @@ from stackproof.images.matrix import REPO_ROOT, load_matrix
 _MATRIX = load_matrix()
 IMAGE = _MATRIX.get(os.environ["STACKPROOF_TEST_IMAGE"]) if os.environ.get("STACKPROOF_TEST_IMAGE") \
     else _MATRIX.default_image
-# The tests build and tag under their own namespace (one per session), never over the shipped stackproof/* tags,
-# and remove what they tagged at the end.
-NAMESPACE = f"stackproof-test/{uuid.uuid4().hex[:12]}"
+# The tests build and tag under their own namespace (one per run: pytest-xdist's workers share its id, and the
+# tests' ids name the tags), never over the shipped stackproof/* tags, and remove what they tagged at the end.
+NAMESPACE = f"stackproof-test/{(os.environ.get('PYTEST_XDIST_TESTRUNUID') or uuid.uuid4().hex)[:12]}"
 RUNTIME_TAG = IMAGE.tag_in(NAMESPACE)
 VALIDATION_TAG = bake.validation_tag(IMAGE, NAMESPACE)
 BUILD_TIMEOUT_S = 3600
