@@ -172,13 +172,14 @@ def test_gemms_give_known_answers_throughout(state, dist_env, settings, report):
     report.figure("seconds_unchecked", ", ".join(map(str, quiet[:10])) + (" ..." if len(quiet) > 10 else "")
                   if quiet else "none")
     assert not findings, f"{_where(s)}: " + " | ".join(map(str, findings))
-    _too_short(report, result.checked, "at least one batch of known-answer GEMMs")
-    assert result.checked, f"{_where(s)}: the soak ended before any known-answer GEMM was checked"
+    ended = "the soak ended before any known-answer GEMM was checked"
+    _too_short(report, result.checked, "at least one batch of known-answer GEMMs", ended)
+    assert result.checked, f"{_where(s)}: {ended}"
 
 
-def _too_short(report, checked: int, what: str) -> None:
+def _too_short(report, checked: int, what: str, ended: str) -> None:
     if not checked:
-        report.found(rules.too_short(what))
+        report.found(rules.too_short(what, ended))
 
 
 def test_memory_and_copies_hold_their_data(state, dist_env, settings, report):
@@ -193,8 +194,9 @@ def test_memory_and_copies_hold_their_data(state, dist_env, settings, report):
     report.hint("drain the node; for memory: nvidia-smi -q -d ROW_REMAPPER after a GPU reset; for copies: the PCIe "
                 "link's AER errors (lspci -vv) and the host's memory ECC")
     assert not findings, f"{_where(s)}: " + " | ".join(map(str, findings))
-    _too_short(report, result.memory_bytes_checked, "a pass over the whole pattern buffer")
-    assert result.memory_bytes_checked, f"{_where(s)}: the soak ended before any memory chunk was verified"
+    ended = "the soak ended before any memory chunk was verified"
+    _too_short(report, result.memory_bytes_checked, "a pass over the whole pattern buffer", ended)
+    assert result.memory_bytes_checked, f"{_where(s)}: {ended}"
 
 
 @pytest.mark.check(SOAK, Needs(), fails_as=("performance", "triage"),

@@ -230,9 +230,9 @@ def reasons_seen(samples: Sequence[dict]) -> int | None:
     return seen
 
 
-def too_short(what: str) -> Finding:
+def too_short(what: str, ended: str) -> Finding:
     """A soak that ended before anything was checked: said of its own length, never of the GPU (a GPU that stalled
     is the throughput check's and the watchdog's to name): an alert, never a drain."""
-    return Finding(None, "", "soak length", f"a soak long enough for {what}", "the soak ended first",
+    return Finding(None, "", "soak length", f"a soak long enough for {what}", ended,
                    "configuration", "triage", f"raise --burn-seconds: the soak must last long enough for {what} "
                                               "on this host")
