@@ -42,13 +42,15 @@ class SoakPlan:
 
 def plan_for(device: torch.device, seconds: float) -> SoakPlan:
     """A GPU: 8192^3 (the size whose healthy sustained rate is known), a batch of about 60 ms on an H200, a
-    pattern buffer of a tenth of the GPU's memory up to 16 GiB. A CPU rank: small sizes, same code."""
+    pattern buffer of a tenth of the GPU's memory up to 16 GiB. A CPU rank: small sizes, same code, and a buffer of
+    two chunks, so its memory is verified from the third batch on (eight chunks left a 5 s soak on a loaded 2-core
+    host verifying none)."""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         memory = min(16 * GiB, total // 10 // GiB * GiB or total // 10)
         return SoakPlan(seconds, n=8192, load_gemms=32, memory_bytes=memory,
                         memory_chunk_bytes=min(GiB, memory), copy_bytes=64 * MiB)
-    return SoakPlan(seconds, n=256, load_gemms=8, memory_bytes=32 * MiB, memory_chunk_bytes=4 * MiB,
+    return SoakPlan(seconds, n=256, load_gemms=8, memory_bytes=8 * MiB, memory_chunk_bytes=4 * MiB,
                     copy_bytes=4 * MiB)
 
 
