@@ -107,8 +107,11 @@ lint: $(NEED_VENV) ## ruff + hadolint (+ shellcheck when installed)
 	if command -v shellcheck >/dev/null; then shellcheck .ci/run scripts/*/*.sh scripts/slurm/*.sbatch tests/fault_plugins/*.sh docker/*.sh docker/*/*.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
-test: $(NEED_VENV) ## the test suite (python -m pytest; makes .venv first)
-	$(PYTHON) -m pytest
+# The suite on this many pytest-xdist workers (tests/conftest.py keeps the tests that share Slurm, Docker or the
+# network namespaces on one); 0: one process.
+TEST_WORKERS ?= 2
+test: $(NEED_VENV) ## the test suite (python -m pytest on TEST_WORKERS workers; makes .venv first)
+	$(PYTHON) -m pytest --numprocesses=$(TEST_WORKERS)
 
 validate: $(NEED_VENV) ## run the validation suite on this host's python and GPUs
 	$(PYTHON) -m stackproof validate $(ARGS)

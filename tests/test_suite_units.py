@@ -2,6 +2,7 @@
 report writing, settings checks."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -274,6 +275,50 @@ def test_watchdog_tells_a_rank_waiting_in_a_collective_from_one_stalled_elsewher
     env.barrier("a test")
     waiting, where = seen["position"]
     assert waiting and where.startswith("dist.py:") and where.endswith("in _decide")
+
+
+def test_watchdog_does_not_blame_a_rank_passing_from_one_collective_to_the_next():
+    """A rank whose collective timed out a moment before the watchdog fired is outside any collective at the first
+    look (pytest reports the failure), then waits in the next (the plugin's agreement): waiting, not stalled. Its
+    stalled peer is outside one at every look. (CI, two workers on 2 cores: one look blamed both ranks once.)"""
+    import threading
+
+    from stackproof.run import dist, watchdog
+
+    seen = {}
+
+    class Store:  # the next collective: stackproof's sync, blocked until the look is done
+        def set(self, key, value):
+            pass
+
+        def wait(self, keys, timeout):
+            looked.wait(10)
+
+        def get(self, key):
+            return b"null"
+
+        def multi_get(self, keys):
+            return [b"null" for _ in keys]
+
+    looked = threading.Event()
+
+    def look():
+        seen["position"] = watchdog.position_over(2.0)
+        looked.set()
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    time.sleep(0.3)  # outside any collective at the first look: the main thread is here
+    dist.DistEnv(0, 2, Store(), 5.0).barrier("the next check's agreement")
+    thread.join()
+    waiting, where = seen["position"]
+    assert waiting and where.endswith("in _decide"), seen
+
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: seen.update(position=watchdog.position_over(0.5)))
+    thread.start()
+    thread.join()  # the main thread stays outside any collective: stalled, after every look
+    assert seen["position"] == (False, "unknown") and time.monotonic() - started >= 0.5
 
 
 def test_watchdog_message_names_stalled_silent_and_waiting_ranks():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from stackproof.judge.findings import RMA, Finding
+from stackproof.judge.findings import Finding, lost_gpu_fix
 
 NO_GPU_VALUES = ("", "void", "none")
 
@@ -76,5 +76,4 @@ def lost_by_the_node(expected: Expected, seen: int, on_the_bus: int) -> bool:
 def gpus_lost(expected: Expected, seen: int) -> Finding:
     """The node's finding when lost_by_the_node: GPUs the scheduler allocated or the PCI bus shows, not visible."""
     return Finding(None, "", "GPUs visible", f">= {expected.count} GPU(s) ({expected.why})", f"{seen}",
-                   "gpu-hardware", "isolate", "drain the node; check the kernel log for Xid 79 / NVRM errors and "
-                                              "nvidia-smi; reboot; if a GPU stays missing, " + RMA)
+                   "gpu-hardware", "isolate", lost_gpu_fix())

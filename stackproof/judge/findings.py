@@ -30,6 +30,12 @@ RESET = "drain the node and reset the GPU (nvidia-smi -r, or reboot); if it come
 RMA = "take the GPU out of service (drain the node) and RMA it, quoting its serial number"
 
 
+def lost_gpu_fix(where: str = "") -> str:
+    """What to do about a GPU the node lost (fell off the bus, or the driver did not bind it); `where`: its address."""
+    return (f"drain the node; check the kernel log for Xid 79 / NVRM errors{where} and nvidia-smi; reboot; "
+            f"if a GPU stays missing, {RMA}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     gpu_index: int | None  # None: about the node as a whole

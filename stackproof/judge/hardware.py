@@ -5,7 +5,7 @@ functions of topology.Gpu facts; the findings name the GPU."""
 from __future__ import annotations
 
 from stackproof.judge.bars import nvlinks_expected, pcie_expected
-from stackproof.judge.findings import RESET, RMA, Finding
+from stackproof.judge.findings import RESET, RMA, Finding, lost_gpu_fix
 from stackproof.judge.readings import Gpu
 
 RESEAT = "reseat the GPU / riser and check the slot and its BIOS link settings (lspci -vv: LnkSta vs LnkCap)"
@@ -88,8 +88,7 @@ def missing_from_the_bus(addresses: list[str], nvml_sees: int) -> list[Finding]:
     """NVIDIA GPUs on the PCI bus that NVML does not show (fell off the bus, or the driver did not bind)."""
     return [Finding(None, "n/a", "GPU on the PCI bus", f"the GPU at PCI {address} visible to NVML",
                     f"on the bus, not among the {nvml_sees} GPU(s) NVML shows", "gpu-hardware", "isolate",
-                    "drain the node; check the kernel log for Xid 79 / NVRM errors on this address and "
-                    "nvidia-smi; reboot; if it stays missing, " + RMA) for address in addresses]
+                    lost_gpu_fix(" on this address")) for address in addresses]
 
 
 GPU_HANG = ("gpu-hardware", "reset")  # the watchdog's stall of one rank that drives a GPU

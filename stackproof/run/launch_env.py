@@ -22,10 +22,15 @@ LAUNCHED_ENV = environment.LAUNCHED.name
 # per-check watchdog fires VERDICT_S before it whatever its own limit, so a hang is named by rank 0's verdict, not
 # lost to the launcher's stop (a run stopped by --run-timeout names nobody and acts on nothing).
 RUN_ENDS_ENV = environment.RUN_ENDS.name
+# A rank the watchdog finds outside any collective is looked at again for up to this long before it counts as
+# stalled: a rank between two collectives (its own timed out a moment ago, and pytest is reporting it) is waiting
+# again within it; a hung one never is. One look alone blamed such a rank too, on a loaded 2-core host.
+STALL_LOOK_S = 1.5
 # What rank 0 needs once its watchdog fired at the run's end: every rank's answer (all fire at that same moment; a
-# stalled GPU rank's includes NVML's reading of its GPU, at most stall.NVML_DEADLINE_S; watchdog.py waits at most
-# what is left), then the stacks into the logs and the verdict written.
-VERDICT_S = NVML_DEADLINE_S + 1.5
+# stalled rank's comes after its looks, STALL_LOOK_S, and a stalled GPU rank's includes NVML's reading of its GPU,
+# at most stall.NVML_DEADLINE_S; watchdog.py waits at most what is left), then the stacks into the logs and the
+# verdict written.
+VERDICT_S = NVML_DEADLINE_S + STALL_LOOK_S + 1.5
 # torch.distributed's env:// rendezvous reads these; torchrun and srun (through adopt_slurm_env) set them all.
 WORLD_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 WHOLE_NUMBERS = ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")

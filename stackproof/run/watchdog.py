@@ -32,7 +32,7 @@ from stackproof.judge import hang
 from stackproof.judge.findings import Finding
 from stackproof.measure import identity, stall
 from stackproof.run import dist as _dist
-from stackproof.run.launch_env import VERDICT_S
+from stackproof.run.launch_env import STALL_LOOK_S, VERDICT_S
 
 # Where frames mean "waiting for the other ranks" (torch.distributed, stackproof's own sync), and where the
 # suite's own code lives: whole directories, resolved, so a checkout in a folder named "stackproof" or a venv
@@ -96,6 +96,17 @@ def stall_answer(waiting: bool, where: str, gpu: dict | None, node: str = "") ->
     return answer
 
 
+def position_over(look_s: float, suite_dirs: tuple[Path, ...] = (), every_s: float = 0.05) -> tuple[bool, str]:
+    """main_thread_position, looked at again for up to `look_s` while the main thread is outside any collective:
+    waiting at any look is waiting (a rank passing from one collective to the next); stalled only at every look."""
+    until = time.monotonic() + look_s
+    waiting, where = main_thread_position(suite_dirs)
+    while not waiting and time.monotonic() < until:
+        time.sleep(every_s)
+        waiting, where = main_thread_position(suite_dirs)
+    return waiting, where
+
+
 def main_thread_position(suite_dirs: tuple[Path, ...] = ()) -> tuple[bool, str]:
     """(waiting for peers?, the innermost frame of the suite's own code, as file:line in function)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
@@ -148,7 +159,7 @@ class CheckWatchdog:
 
     def _fire(self, seq: int, what: str, armed: float) -> None:
         ran_s = time.time() - armed  # the limit, or less: the run's end came first
-        waiting, where = main_thread_position(self.suite_dirs)
+        waiting, where = position_over(STALL_LOOK_S, self.suite_dirs)
         dump_stacks(what, round(ran_s, 1), self.env.rank)  # before answering: rank 0 may end the run at once
         store = self.env.side_store or self.env.store
         store.set(f"stall/{seq}/{self.env.rank}", json.dumps(stall_answer(waiting, where, self.gpu, self.node)))
