@@ -125,6 +125,7 @@ def main() -> int:
 
 
 def _copies(copies: gpu_proof.HostCopies) -> tuple[float, float]:
+    copies.prepare()  # the host buffer carries the pattern again: the last device-to-host copy overwrote it
     h2d, _, wrong = copies.to_device()
     d2h = copies.to_host()
     assert wrong is None and copies.check_host() is None, "a copy delivered wrong bytes"
@@ -135,7 +136,6 @@ def _beside_copies(device: torch.device, seed: int, repeat: int) -> None:
     """The copies alone, the memory test alone (whole free memory, as the fast tier), then both at once."""
     started = time.perf_counter()
     copies = gpu_proof.HostCopies(device, seed)
-    copies.prepare()
     print(f"# host<->device copies of {copies.nbytes >> 20} MiB: pinned buffer made in "
           f"{time.perf_counter() - started:.3f} s")
     side = torch.cuda.Stream(device)

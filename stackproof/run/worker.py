@@ -64,16 +64,6 @@ def _nccl_debug_to_file(reports, env: Mapping[str, str]) -> str | None:
     return pattern
 
 
-def _cuda_devices(torch) -> int:
-    """CUDA's count of the GPUs, asked of CUDA: torch.cuda.device_count() asks NVML first while CUDA is not
-    initialised, and NVML's start in a rank forked by the warm agent took 0.22 s on an H200 (a cold rank's NVML
-    starts beside its import: run/readings.py). The rank initialises CUDA next anyway."""
-    if not torch.cuda.is_available():
-        return 0
-    torch.cuda.init()
-    return torch.cuda.device_count()
-
-
 _held: list[settle.Claim] = []
 # pytest's switch for the plugins installed beside it (their entry points): off in a rank.
 PLUGIN_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
@@ -106,7 +96,7 @@ def _run(settings: ValidateConfig, env: Mapping[str, str]) -> int:
     early = readings.Early(settings.pci_devices)
     import torch
 
-    no_gpu = no_gpu_verdict(settings, _cuda_devices(torch), sys.stdout, write_report=rank == 0)
+    no_gpu = no_gpu_verdict(settings, torch.cuda.device_count(), sys.stdout, write_report=rank == 0)
     if no_gpu is not None:
         return no_gpu
     settings.check_world(world_size_from_env(env))
