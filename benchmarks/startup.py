@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -264,6 +265,24 @@ def medians(runs: list[dict]) -> dict[str, float | None]:
     return out
 
 
+def bytecode() -> str:
+    """Whether the modules every process imports have compiled bytecode where this interpreter looks for it: without
+    it each process compiles them at its start (the H200 host's torch had none, and PYTHONDONTWRITEBYTECODE=1: a
+    rank's import took 2.7 s, 1.65 s once compiled)."""
+    said = []
+    for name in ("torch", "stackproof"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin:
+            said.append(f"{name}: not found")
+            continue
+        sources = list(Path(spec.origin).parent.rglob("*.py"))
+        cached = sum(Path(importlib.util.cache_from_source(str(path))).exists() for path in sources)
+        said.append(f"{name} {cached} of {len(sources)} modules")
+    settings = [f"{key}={os.environ[key]}" for key in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+                if os.environ.get(key)]
+    return f"# compiled bytecode: {', '.join(said)}{'; ' + ', '.join(settings) if settings else ''}"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="runs of the warm and agent modes (cold: one)")
@@ -286,7 +305,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"--modes: expected some of {', '.join(MODES)}, found {options.modes!r}")
     print(f"# python -m stackproof {' '.join(args)}: {options.runs} run(s) each of {', '.join(modes)}", flush=True)
     columns: dict[str, dict] = {}
-    notes: list[str] = []
+    notes: list[str] = [bytecode()]
     def kept(name: str) -> Path | None:
         return None if options.sample is None else options.sample / name
 

@@ -61,6 +61,23 @@ def test_torch_and_torchvision_versions_equal_the_matrix(built):
 
 
 @pytest.mark.docker
+def test_every_module_a_rank_imports_is_compiled_in_the_image(built):
+    """The run user cannot write __pycache__ under /opt/stackproof or site-packages: stackproof's modules are
+    compiled at build, torch's at pip's install; else every process compiles them again at its start (issue 35:
+    1.1 s of a rank's torch import on the H200 host, whose torch had none)."""
+    out = run(VALIDATION_TAG, "PYTHONDONTWRITEBYTECODE=1", "python3", "-c",
+              "import importlib.util, json, os, sys\n"
+              "import stackproof.cli, stackproof.run.worker, stackproof.run.plugin, torch\n"
+              "sources = [m.__file__ for m in list(sys.modules.values()) if (getattr(m, '__file__', None) or '')"
+              ".endswith('.py')]\n"
+              "print(json.dumps([len(sources), [s for s in sources if not os.path.exists("
+              "importlib.util.cache_from_source(s))]]))",
+              entrypoint="env")
+    imported, missing = json.loads(out)
+    assert imported > 500 and not missing, f"{len(missing)} of {imported} modules without bytecode: {missing[:5]}"
+
+
+@pytest.mark.docker
 def test_the_image_carries_what_nccls_ib_transport_loads(built):
     """rdma-core's verbs library and its providers (images/matrix.toml rdma_packages): NCCL dlopens libibverbs.so.1,
     which must list no device here (no NIC in the build's container) rather than fail to load; ibv_devinfo runs."""

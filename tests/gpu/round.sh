@@ -3,7 +3,8 @@
 #   tests/gpu/round.sh OUT COMMIT [PART...]     # PART: 1-6, default all (a call of the device tool lasts 10 min)
 # 1. the acceptance run (scripts/gpu-acceptance.sh) of the tree, headed by COMMIT;
 # 2. where a healthcheck's time goes, cold, warm and with the agent (benchmarks/startup.py: the exit's costs apart
-#    too), and the idle warm agent under NVML;
+#    too), and the idle warm agent under NVML; as this host's Python has it, then with every module's bytecode
+#    compiled (into a PYTHONPYCACHEPREFIX), as a pip install leaves torch;
 # 3. a rank hung in a CUDA kernel, patched in from outside (tests/fault_plugins/torch_faults.py), under
 #    scripts/slurm/healthcheck.sh's defaults as a dry run: named and taken out within the deadline;
 # 4. two healthchecks started together: one judges, the other says one is running;
@@ -38,6 +39,16 @@ say "## 2. start-up, cold, warm and with the warm agent, the ranks' exit and its
 timed startup python3 benchmarks/startup.py --runs 3 --drop-caches --exit-costs --out "$OUT/startup-healthcheck.txt" \
     -- healthcheck --scheduler none
 cat "$OUT/startup-healthcheck.txt" >>"$log" 2>/dev/null
+say "## 2b. the same with every module's bytecode compiled, as pip's install leaves it (this host's torch has none)"
+site=$(python3 -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("torch").origin).parents[1])')
+(
+    unset PYTHONDONTWRITEBYTECODE
+    export PYTHONPYCACHEPREFIX=$T/pycache  # read-only installs too; Python looks only here for bytecode
+    python3 -m compileall -q -j 0 "$site" "$PWD/stackproof" >/dev/null 2>&1
+    timed startup-compiled python3 benchmarks/startup.py --runs 3 --drop-caches --exit-costs \
+        --out "$OUT/startup-compiled.txt" -- healthcheck --scheduler none
+)
+cat "$OUT/startup-compiled.txt" >>"$log" 2>/dev/null
 fi
 if part 3; then
 say "## 3. a rank hung in a CUDA kernel under healthcheck.sh's defaults (dry run)"
