@@ -7,6 +7,7 @@ import torch
 
 from stackproof import environment
 from stackproof.judge import expectation, hardware, sharing, software
+from stackproof.judge.findings import Judged
 from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import nics, topology
 
@@ -61,9 +62,8 @@ def test_gpus_have_what_they_should(inventory, report):
     for gpu in inventory.gpus:
         report.figure(f"gpu{gpu.index}", f"NVLink {gpu.nvlink_active}/{gpu.nvlink_supported}; PCIe "
                                          f"x{gpu.pcie_width_current} of x{gpu.pcie_width_gpu_max or gpu.pcie_width}")
-    report.found(*findings)
-    report.hint("act on each finding's fix; nvidia-smi topo -m and nvidia-smi nvlink -s show the links")
-    assert not findings, " | ".join(map(str, findings))
+    return Judged(findings,
+                  hint="act on each finding's fix; nvidia-smi topo -m and nvidia-smi nvlink -s show the links")
 
 
 @pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
@@ -110,8 +110,7 @@ def test_torch_has_kernels_for_every_gpu(dist_env, report):
         missing = software.arch_finding(arch_list, (props.major, props.minor), index, str(props.uuid), props.name)
         if missing is not None:
             found.append(missing)
-    report.found(*found)
-    assert not found, " | ".join(map(str, found))
+    return Judged(found)
 
 
 @pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
@@ -125,6 +124,4 @@ def test_no_two_ranks_share_a_gpu(dist_env, settings, report):
     report.figure("shared_gpus", len(shared))
     if shared and settings.emulated_nodes:
         report.figure("emulated", "yes: per-GPU figures measured once per GPU, stragglers weighed by ranks per GPU")
-    found = sharing.findings(uuids, nodes, dist_env.rank, dist_env.device.index, settings.emulated_nodes)
-    report.found(*found)
-    assert not found, " | ".join(map(str, found))
+    return Judged(sharing.findings(uuids, nodes, dist_env.rank, dist_env.device.index, settings.emulated_nodes))

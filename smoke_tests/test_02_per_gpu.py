@@ -16,6 +16,7 @@ import torch
 from stackproof.judge import bars, data, hardware, per_gpu, sharing
 from stackproof.judge import counters as counter_rules
 from stackproof.judge import health as rules
+from stackproof.judge.findings import Judged
 from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import counters, gpu_proof, health, memtest, patterns, topology, watermark
 from stackproof.run import faults
@@ -175,9 +176,8 @@ def test_health_history(own, xid_watch, dist_env, report):
                            "the health readings")
     if rows is not None:
         report.table("per_gpu_health", rows)
-    report.found(*found)
-    report.hint("act on each finding's fix; nvidia-smi -q on the host shows the same NVML records")
-    assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))
+    return Judged(found, where=f"{HOST}, serial {gpu.serial or 'n/a'}",
+                  hint="act on each finding's fix; nvidia-smi -q on the host shows the same NVML records")
 
 
 @pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
@@ -411,9 +411,8 @@ def test_no_xid_during_the_run(own, xid_watch, report):
     findings = rules.xid_findings(gpu.index, gpu.uuid, events)
     findings += [rules.nvml_error_finding(gpu.index, gpu.uuid, what, error) for what, error in xid_watch.errors.items()]
     report.figure("xid_events", ", ".join(str(e.xid) for e in events) or "none")
-    report.found(*findings)
-    report.hint("the kernel log (dmesg) names the same XIDs with their context; act on each finding's fix")
-    assert not findings, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, findings))
+    return Judged(findings, where=f"{HOST}, serial {gpu.serial or 'n/a'}",
+                  hint="the kernel log (dmesg) names the same XIDs with their context; act on each finding's fix")
 
 
 def test_counters_during_the_run(own, settings, report):
@@ -426,7 +425,5 @@ def test_counters_during_the_run(own, settings, report):
     for name in ("pcie_replays", "sbe_volatile"):
         before, after = getattr(first, name), getattr(now, name)
         report.figure(f"{name}_climb", "not supported" if None in (before, after) else after - before)
-    found = _counter_findings(gpu, now, first)
-    report.found(*found)
-    report.hint("act on each finding's fix; the counters climb while the GPU works, so rerun to see the rate")
-    assert not found, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, found))
+    return Judged(_counter_findings(gpu, now, first), where=f"{HOST}, serial {gpu.serial or 'n/a'}",
+                  hint="act on each finding's fix; the counters climb while the GPU works, so rerun to see the rate")

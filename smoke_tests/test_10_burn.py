@@ -14,6 +14,7 @@ import torch
 
 from stackproof.judge import burn as rules
 from stackproof.judge import per_gpu
+from stackproof.judge.findings import Judged
 from stackproof.judge.health import nvml_error_finding
 from stackproof.judge.promise import SOAK, Needs
 from stackproof.measure import burn, health, topology
@@ -232,9 +233,7 @@ def test_no_gpu_lags_its_peers(state, dist_env, settings, report):
         report.figure("median", round(median, 4), "TFLOP/s")
     findings = rules.behind_peers(s["index"], s["uuid"], s["samples"], median, settings.gpu_spread, s["model"],
                                   s["total"]) if median is not None else []
-    report.found(*findings)
-    report.hint(rules.THROUGHPUT_HINT)
-    assert not findings, f"{_where(s)}: " + " | ".join(map(str, findings))
+    return Judged(findings, hint=rules.THROUGHPUT_HINT, where=_where(s))
 
 
 @pytest.mark.check(SOAK, Needs(gpu=True), fails_as=("gpu-hardware", "triage"))  # NVML's clocks and temperature
@@ -244,14 +243,12 @@ def test_clocks_and_temperature_hold(state, dist_env, settings, report):
     findings = rules.clocks(s["index"], s["uuid"], samples, s["total"])
     findings += rules.temperature(s["index"], s["uuid"], samples, limits.get("max_temp_c"), s["total"])
     findings += [nvml_error_finding(s["index"], s["uuid"], what, error) for what, error in s["sampler"].errors.items()]
-    report.found(*findings)
     for name, key, unit in (("max_temp", "temp_c", "C"), ("max_power", "power_w", "W")):
         report.figure(name, rules.peak(samples, key) if rules.peak(samples, key) is not None else "n/a", unit)
     report.figure("max_operating_temp", limits.get("max_temp_c") or "n/a", "C")
     report.figure("power_limit", limits.get("power_limit_w") or "n/a", "W")
     reasons = rules.reasons_seen(samples)
     report.figure("clock_event_reasons_seen", "n/a" if reasons is None else hex(reasons))
-    report.hint("check cooling (fans, airflow, inlet temperature) and the power supplies of the GPU named; "
-                "nvidia-smi -q -d PERFORMANCE,TEMPERATURE shows the same reasons")
-    assert not findings, f"{_where(s)}: " + " | ".join(map(str, findings))
+    return Judged(findings, where=_where(s), hint="check cooling (fans, airflow, inlet temperature) and the power "
+                  "supplies of the GPU named; nvidia-smi -q -d PERFORMANCE,TEMPERATURE shows the same reasons")
 

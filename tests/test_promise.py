@@ -256,6 +256,46 @@ def test_a_bare_assertion_fails_as_its_check_declares(tmp_path):
                      "declared::says_nothing_of_its_failure": [("unclassified", "triage", "something off")]}, found
 
 
+JUDGED = """import pytest
+from stackproof.judge.findings import Finding, Judged
+from stackproof.judge.promise import FAST, Needs
+
+LINK = Finding(0, "GPU-1", "NVLink", "18 links up", "17", "interconnect", "reset", "reseat the bridge")
+
+@pytest.mark.check(FAST, Needs(), fails_as=("performance", "triage"))
+def test_finds_a_link_down():
+    return Judged([LINK], hint="nvidia-smi nvlink -s shows it", where="node n1")
+
+@pytest.mark.check(FAST, Needs())
+def test_finds_nothing():
+    return Judged([], hint="never printed")
+
+@pytest.mark.check(FAST, Needs())
+def test_returns_what_no_check_returns():
+    return 3
+"""
+
+
+def test_a_check_returns_its_judgement_and_the_runner_hands_it_over(tmp_path):
+    """A check's one interface: it returns its judge step's Judged, and the runner records the hint and the
+    findings (theirs decide, not fails_as) and fails the check with them; nothing found passes; any other return is
+    the tool's own error, never a pass."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_01_judged.py").write_text(JUDGED)
+    proc, report = validate(tmp_path, "--nproc", "1", "-k", "judged", "--", str(suite))
+    assert proc.returncode == Exit.FAILED, proc.stdout[-2000:] + proc.stderr[-2000:]
+    checks = {check["name"]: check for check in report["checks"]}
+    down = checks["judged::finds_a_link_down"]
+    assert down["outcome"] == "failed" and down["hint"] == "nvidia-smi nvlink -s shows it", down
+    assert [(f["category"], f["severity"], f["found"]) for f in down["findings"]] == [("interconnect", "reset", "17")]
+    assert down["message"].startswith("node n1: GPU 0 GPU-1: NVLink: expected 18 links up, found 17"), down["message"]
+    assert checks["judged::finds_nothing"]["outcome"] == "passed"
+    odd = checks["judged::returns_what_no_check_returns"]
+    assert odd["outcome"] == "failed" and [f["category"] for f in odd["findings"]] == ["tool-error"], odd
+    assert "returns stackproof.judge.findings.Judged or nothing, found int" in odd["message"], odd["message"]
+
+
 def test_an_undeclared_smoke_test_is_refused(tmp_path):
     """A check without a declaration cannot be promised or left out: refused at collection, exit 2."""
     suite = tmp_path / "suite"

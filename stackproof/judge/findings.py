@@ -20,6 +20,7 @@ and a node's action is the strongest the policy table gives over its findings (s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 CATEGORIES = ("gpu-hardware", "interconnect", "performance", "software-pins", "configuration", "unclassified",
@@ -98,3 +99,24 @@ def worst(findings: list[Finding]) -> tuple[str, str] | None:
         return None
     first = min(findings, key=lambda f: SEVERITIES.index(f.severity))
     return first.category, first.severity
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class Judged:
+    """A check's answer on this rank: what its judge step found, which the suite's runner hands over (run/plugin.py
+    pytest_pyfunc_call): each finding fails the check here and decides what is done to the node. `hint`: the fix
+    the report prints when it fails; `where`: what heads the failure's message (the node, the GPU)."""
+
+    findings: tuple[Finding, ...]
+    hint: str
+    where: str
+
+    def __init__(self, findings: Iterable[Finding] = (), hint: str = "", where: str = ""):
+        object.__setattr__(self, "findings", tuple(findings))
+        object.__setattr__(self, "hint", hint)
+        object.__setattr__(self, "where", where)
+
+    @property
+    def message(self) -> str:
+        said = " | ".join(map(str, self.findings))
+        return f"{self.where}: {said}" if self.where else said

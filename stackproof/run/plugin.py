@@ -25,7 +25,7 @@ import pytest
 from stackproof import environment
 from stackproof.errors import ConfigError, Exit, RankTimeout
 from stackproof.judge import consensus, exceptions, promise
-from stackproof.judge.findings import Finding, tool_error
+from stackproof.judge.findings import Finding, Judged, tool_error
 from stackproof.measure import identity, pins
 from stackproof.report import outputs, terminal
 from stackproof.report.record import Figure, Report
@@ -299,6 +299,25 @@ def _progress(item: pytest.Item) -> None:
         name = Report().check(item.nodeid).name.split("::")[0]
         print(f"# [{started[0]}/{len(item.session.items)}] {name} ...", file=item.config.stash[STDOUT_KEY],
               flush=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool:
+    """A check's one interface: its test measures, calls its judge step and returns the Judged (or asserts, the
+    older way). Handed over here, the same for every check: the fix, the findings, and a failure that says them."""
+    judged = pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames})
+    if judged is None:
+        return True
+    if not isinstance(judged, Judged):
+        raise TypeError(f"{pyfuncitem.nodeid}: a check returns stackproof.judge.findings.Judged or nothing, "
+                        f"found {type(judged).__name__}")
+    recorder = Recorder(pyfuncitem.config, pyfuncitem.nodeid)
+    if judged.hint:
+        recorder.hint(judged.hint)
+    recorder.found(*judged.findings)
+    if judged.findings:
+        raise AssertionError(judged.message)
+    return True
 
 
 @pytest.hookimpl(wrapper=True)
