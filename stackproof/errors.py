@@ -72,6 +72,11 @@ class ConfigError(StackproofError):
     exit_code = Exit.USAGE
 
 
+class ActError(ConfigError):
+    """Acting on a node failed (the scheduler's tool missing, refused, timed out): the node was NOT acted on. Exit 2,
+    as bad input: the settings or the permissions of the machine running stackproof need a fix, not the node."""
+
+
 class RankTimeout(StackproofError):
     """Some ranks did not reach a sync point in time: the run cannot go on. `ranks` names them."""
 

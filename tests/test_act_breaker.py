@@ -18,8 +18,7 @@ import pytest
 from stackproof.act import breaker, decide, kubernetes, lock, slurm
 from stackproof.act import run as act_run
 from stackproof.act.config import ActConfig
-from stackproof.act.tool import ActError
-from stackproof.errors import Exit
+from stackproof.errors import ActError, Exit
 from stackproof.judge import policy
 
 POOL = frozenset({"n1", "n2", "n3", "n4"})

@@ -9,8 +9,9 @@ import shlex
 import tempfile
 from typing import IO
 
-from stackproof.act import kubernetes, slurm, tool
+from stackproof.act import kubernetes, slurm
 from stackproof.act.config import ActConfig
+from stackproof.errors import ActError
 from stackproof.run import settle
 from stackproof.run.config import ValidateConfig
 from stackproof.tools import run_tool
@@ -28,9 +29,9 @@ def run_commands(node: str, commands: list[list[str]], settings: ActConfig, say,
     for argv in commands:
         say(f"run: {shlex.join(argv)}")
         try:
-            run_tool(f"act on {node}", argv, timeout_s=settings.act_timeout, error=tool.ActError,
+            run_tool(f"act on {node}", argv, timeout_s=settings.act_timeout, error=ActError,
                      fix=f"{scheduler.FIX if scheduler else ''} (or raise --act-timeout)")
-        except tool.ActError as err:
+        except ActError as err:
             failures.append(str(err))
             say(f"FAILED: {err}")
             return False  # this node's later commands build on this one; the next node is tried

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from stackproof.act.tool import ActError
+from stackproof.errors import ActError
 
 
 @contextlib.contextmanager

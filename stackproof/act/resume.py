@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import IO
 
 from stackproof.act import commands as calls
-from stackproof.act import decide, history, kubernetes, lock, tool
-from stackproof.errors import ConfigError, Exit, Healthcheck
+from stackproof.act import decide, history, kubernetes, lock
+from stackproof.errors import ActError, ConfigError, Exit, Healthcheck
 from stackproof.judge import policy
 from stackproof.judge.promise import FAST, FULL, SOAK, TIERS
 
@@ -177,10 +177,10 @@ def standing(node: str, scheduler: str | None, timeout_s: float) -> Standing:
         return Standing(IN_SERVICE)
     argv = slurm_query(node) if scheduler == "slurm" else kubernetes_query(node)
     try:
-        out = run_tool(f"read {node}'s standing", argv, timeout_s=timeout_s, error=tool.ActError,
+        out = run_tool(f"read {node}'s standing", argv, timeout_s=timeout_s, error=ActError,
                        fix="the scheduler's client must reach it (as for the drain)")
         return standing_of_slurm(out, node) if scheduler == "slurm" else standing_of_kubernetes(out)
-    except (tool.ActError, ValueError, AttributeError, TypeError) as err:
+    except (ActError, ValueError, AttributeError, TypeError) as err:
         return Standing(UNKNOWN, str(err))
 
 
@@ -217,7 +217,7 @@ def reprove(validate_settings, settings, node: str, found: Standing, out: IO[str
             if not detach:
                 return _reprove(validate_settings, settings, node, state, say, out, env)
         return _detach(validate_settings, say, env)
-    except tool.ActError as err:
+    except ActError as err:
         say(f"a re-proof of this node is already running ({str(err).partition('found it held by ')[2] or err}): "
             f"it stays out until that one passes; exit {int(Healthcheck.TAKEN_OUT)}")
         return Healthcheck.TAKEN_OUT

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import IO
 
 from stackproof import environment
-from stackproof.act import breaker, deadline, decide, hardware, kubernetes, resume, slurm, tool
+from stackproof.act import breaker, deadline, decide, hardware, kubernetes, resume, slurm
 from stackproof.act import lock as breaker_lock
 from stackproof.act.commands import SCHEDULERS, run_commands, say_to, writable_reports
 from stackproof.act.config import ActConfig
-from stackproof.errors import ConfigError, Exit, Healthcheck
+from stackproof.errors import ActError, ConfigError, Exit, Healthcheck
 from stackproof.judge import policy
 from stackproof.measure import watermark
 from stackproof.measure.identity import NODE_NAME_ENV, node_name
@@ -61,7 +61,7 @@ def act(decision: decide.Decision, settings: ActConfig, out: IO[str], clock: dea
             if lock is not None:
                 say(f"circuit breaker: holding {lock} (waited {waited:.1f} s): one node at a time counts and drains")
             decision = _act_within_breaker(decision, settings, scheduler, say, failures)
-    except tool.ActError as err:  # the lock could not be had: nothing was counted, so nothing is drained
+    except ActError as err:  # the lock could not be had: nothing was counted, so nothing is drained
         decision = decision.hold_drains(f"the circuit breaker's lock was not had, so --max-drained cannot be "
                                         f"kept ({err})")
         decision = _act_within_breaker(decision, settings, scheduler, say, failures)
@@ -115,7 +115,7 @@ def _act_within_breaker(decision: decide.Decision, settings: ActConfig, schedule
 
 def _count(settings: ActConfig, scheduler, targets: set[str]) -> breaker.Fleet:
     out = run_tool("count the nodes stackproof has drained", scheduler.FLEET, timeout_s=settings.act_timeout,
-                   error=tool.ActError, fix=f"{scheduler.FIX} (or raise --act-timeout)")
+                   error=ActError, fix=f"{scheduler.FIX} (or raise --act-timeout)")
     return scheduler.fleet(out, targets)
 
 
@@ -123,7 +123,7 @@ def _circuit_breaker(decision: decide.Decision, settings: ActConfig, scheduler, 
     targets = {a.node for a in decision.drains}
     try:
         fleet = _count(settings, scheduler, targets)
-    except (tool.ActError, ValueError, KeyError, TypeError, AttributeError) as err:
+    except (ActError, ValueError, KeyError, TypeError, AttributeError) as err:
         return decision.hold_drains(f"could not count the nodes already out of service, so --max-drained "
                                     f"cannot be kept ({err})")
     say(f"circuit breaker: {len(fleet.drained)} of {len(fleet.pool)} nodes out of service by stackproof"
@@ -148,8 +148,8 @@ def _claim(node: str, fleet: breaker.Fleet, settings: ActConfig, say) -> tuple[b
                 fleet = _count(settings, kubernetes, {node})
             try:
                 read = run_tool("read the breaker's claims", kubernetes.claim_read(configmap),
-                                timeout_s=settings.act_timeout, error=tool.ActError, fix=kubernetes.FIX)
-            except tool.ActError as err:
+                                timeout_s=settings.act_timeout, error=ActError, fix=kubernetes.FIX)
+            except ActError as err:
                 if kubernetes.ABSENT not in str(err):
                     raise
                 read = None
@@ -159,9 +159,9 @@ def _claim(node: str, fleet: breaker.Fleet, settings: ActConfig, say) -> tuple[b
                 return decided.granted, decided.words
             argv, body = kubernetes.claim_write(configmap, current, decided.data)
             try:
-                run_tool("claim the taint", argv, timeout_s=settings.act_timeout, error=tool.ActError,
+                run_tool("claim the taint", argv, timeout_s=settings.act_timeout, error=ActError,
                          fix=kubernetes.FIX, input=body)
-            except tool.ActError as err:
+            except ActError as err:
                 if any(words in str(err) for words in kubernetes.LOST_RACE):
                     say(f"circuit breaker: {configmap} changed since it was read; reading it again")
                     time.sleep(random.uniform(0.05, 0.5))
@@ -169,7 +169,7 @@ def _claim(node: str, fleet: breaker.Fleet, settings: ActConfig, say) -> tuple[b
                 raise
             say(f"circuit breaker: {node} {decided.words} in {configmap}")
             return True, ""
-        except (tool.ActError, ValueError, KeyError, TypeError) as err:
+        except (ActError, ValueError, KeyError, TypeError) as err:
             return False, f"could not claim the taint in {configmap}, so --max-drained cannot be kept ({err})"
     return False, f"{CLAIM_ATTEMPTS} tries to claim the taint in {configmap} lost to other nodes"
 
@@ -182,7 +182,7 @@ def _recount(decision: decide.Decision, settings: ActConfig, say, failures: list
     drained = {a.node for a in decision.drains}
     try:
         fleet = _count(settings, slurm, drained)
-    except (tool.ActError, ValueError) as err:
+    except (ActError, ValueError) as err:
         say(f"circuit breaker: the re-count after draining failed ({err}); the drain stands")
         return decision
     past = sorted(n for n in drained if n in fleet.drained and not breaker.keeps(fleet, n, settings.max_drained))
@@ -211,7 +211,7 @@ def act_on_reports(reports_dir: Path, settings: ActConfig, out: IO[str]) -> int:
                               "to act on every node of the report")
         decision = dataclasses.replace(decision, actions=tuple(a for a in decision.actions if a.node == settings.node))
     _, failures = act(decision, settings, out)
-    return tool.ActError.exit_code if failures else Exit.OK
+    return ActError.exit_code if failures else Exit.OK
 
 
 def bad_input(err: ConfigError, out: IO[str]) -> int:
