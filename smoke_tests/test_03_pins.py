@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 from stackproof import environment
+from stackproof.judge import pins as rules
+from stackproof.judge.findings import Judged
 from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import pins
 
@@ -37,11 +39,7 @@ def test_versions_match_the_promise(promise, running, report):
         report.figure("undeclared", ",".join(promise.undeclared))
     if not promise.versions:
         pytest.skip("no expected versions: run inside a stackproof image, or pass --image NAME / --expect-file")
-    wrong = [f"{c}: expected {v} ({promise.source}), found {versions.get(c) or 'none'}"
-             + (f" loaded from {libraries[c]}" if c in libraries else "")
-             for c, v in promise.versions.items() if not pins.same_version(c, v, versions.get(c))]
-    report.hint("a system library shadowing torch's? check LD_LIBRARY_PATH; else rebuild the image from its lock")
-    assert not wrong, "; ".join(wrong)
+    return Judged(rules.versions(promise.versions, promise.source, versions, libraries), hint=rules.SHADOWED)
 
 
 @pytest.mark.parametrize(("library", "wheel_prefix"), WHEEL_LIBRARIES, ids=[w[0] for w in WHEEL_LIBRARIES])
@@ -55,24 +53,16 @@ def test_native_library_comes_from_its_wheel(library, wheel_prefix, running, rep
     (wheel, wheel_version), = installed.items()
     path = libraries.get(library)
     report.figure("loaded_from", path or "not loaded")
-    report.hint(f"unset LD_LIBRARY_PATH entries that hold another lib{library}, or pin the system package to "
-                f"{wheel_version}")
-    assert path, f"{library}: torch did not load lib{library} at all (expected the {wheel} {wheel_version} wheel's)"
-    assert pins.same_version(library, wheel_version, versions[library]) and "site-packages" in path, (
-        f"{library}: expected {wheel_version} from the {wheel} wheel, found {versions[library]} loaded from {path}")
+    return Judged(rules.from_its_wheel(library, wheel, wheel_version, versions.get(library), path))
 
 
 def test_installed_packages_match_the_lock(promise, report):
     lock = promise.lock
     if not lock or not Path(lock).exists():
         pytest.skip("no lock to compare with (stackproof images carry theirs at /etc/stackproof/lock.txt)")
-    installed = pins.installed_versions()
     locked = pins.locked_versions(Path(lock))
-    wrong = [f"{name}: lock {version}, installed {installed.get(name, 'none')}"
-             for name, version in locked.items() if installed.get(name) != version]
     report.figure("locked_packages", len(locked))
-    report.hint("the environment drifted from the lock: rebuild the image, or pip install --require-hashes -r lock")
-    assert not wrong, f"{len(wrong)} package(s) differ from {lock}: " + "; ".join(wrong[:10])
+    return Judged(rules.lock_drift(locked, pins.installed_versions(), lock), hint=rules.LOCK_DRIFT)
 
 
 def test_system_nccl_matches_torch(promise, running, report):
@@ -84,5 +74,4 @@ def test_system_nccl_matches_torch(promise, running, report):
     report.figure("system_nccl", f"{version} ({path})")
     if promise.flavor != "devel":
         pytest.skip(f"system NCCL {version} present; it must equal torch's only in the devel flavor")
-    report.hint("apt-get install libnccl2=<torch's NCCL>-1+cuda<CUDA> libnccl-dev=... and apt-mark hold them")
-    assert version == torch_nccl, f"system NCCL {version} ({path}) differs from torch's NCCL {torch_nccl}"
+    return Judged(rules.system_nccl(version, path, torch_nccl))

@@ -236,7 +236,7 @@ def test_pins_read_an_images_env_only_inside_a_validation_layer():
     ("nccl", "2.30.7", "2.28.9", False), ("python", "3.13", "3.13", True), ("torch", "2.14.1", None, False),
     ("nccl", "2.28", "2.28.0", True), ("torch", "2.9.0", "2.9.0a0+git1234", False)])
 def test_runtime_versions_compare_as_far_as_the_runtime_can_tell(component, expected, found, same):
-    from stackproof.measure import pins
+    from stackproof.judge import pins
 
     assert pins.same_version(component, expected, found) is same
 
@@ -359,3 +359,22 @@ def test_watchdog_does_not_take_a_checkout_named_stackproof_for_the_suite(tmp_pa
 
     module.block(probe)
     assert seen["position"] == (False, "unknown")  # before: (False, "elsewhere.py:2 in block")
+
+
+def test_the_pins_judge_names_each_component_its_library_and_the_locks_drift():
+    """judge/pins.py from recorded readings: what ran against what was promised, where a library came from, a lock."""
+    from stackproof.judge import pins
+
+    [nccl] = pins.versions({"torch": "2.11.0", "nccl": "2.30.7"}, "--expect-file e.json",
+                           {"torch": "2.11.0+cu130", "nccl": "2.28.9"}, {"nccl": "/usr/lib/libnccl.so.2"})
+    assert (nccl.check, nccl.category) == ("nccl", "software-pins")
+    assert nccl.found == "2.28.9 loaded from /usr/lib/libnccl.so.2"
+    assert pins.from_its_wheel("nccl", "nvidia-nccl-cu13", "2.28.9", "2.28.9", "/v/site-packages/nvidia/lib") == []
+    [system] = pins.from_its_wheel("nccl", "nvidia-nccl-cu13", "2.28.9", "2.21.5", "/usr/lib/libnccl.so.2")
+    assert system.found == "2.21.5 loaded from /usr/lib/libnccl.so.2"
+    [absent] = pins.from_its_wheel("cudnn", "nvidia-cudnn-cu13", "9.19.0", None, None)
+    assert "not loaded by torch at all" in absent.found
+    [drift] = pins.lock_drift({f"p{i}": "1" for i in range(12)}, {"p0": "2"}, "/etc/stackproof/lock.txt")
+    assert drift.found.startswith("12 package(s) differ: p0: lock 1, installed 2; p1: lock 1, installed none")
+    assert drift.found.count(";") == pins.SHOWN - 1
+    assert pins.lock_drift({"a": "1"}, {"a": "1"}, "l") == [] and pins.system_nccl("2.28.9", "p", "2.28.9") == []

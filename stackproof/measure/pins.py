@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
 from stackproof.errors import ConfigError
 
@@ -86,29 +85,6 @@ def loaded_libraries() -> dict[str, str]:
             if name not in found and Path(path).name.startswith(stem):
                 found[name] = path
     return found
-
-
-# How many release fields the runtime can tell: CUDA and Python are major.minor, cuDNN's 4th field is not
-# visible at runtime; the rest compare whole (torch's '+cu130' local part aside).
-_RELEASE_FIELDS = {"cuda": 2, "python": 2, "cudnn": 3}
-
-
-def same_version(component: str, expected: str, found: str | None) -> bool:
-    """Compare as far as the runtime can tell, as versions (packaging), not as strings: '2.8' == '2.8.0'."""
-    if found is None:
-        return False
-    try:
-        want, have = Version(expected), Version(found)
-    except InvalidVersion:
-        return expected.split("+")[0] == found.split("+")[0]
-    fields = _RELEASE_FIELDS.get(component)
-    if fields:
-        return _padded(want.release, fields) == _padded(have.release, fields)
-    return Version(want.public) == Version(have.public)
-
-
-def _padded(release: tuple[int, ...], fields: int) -> tuple[int, ...]:
-    return (release + (0,) * fields)[:fields]
 
 
 def locked_versions(lock: Path) -> dict[str, str]:
