@@ -41,11 +41,9 @@ def _mine(found: list[judged.Finding], mine: dict) -> list[judged.Finding]:
     return [f for f in found if f.gpu_index is None or (f.uuid and f.uuid == mine["uuid"])]
 
 
-def _judge(report, found_by_node: dict, mine: dict) -> None:
-    report.hint("act on each finding's fix; nvidia-smi -q on the node shows the same NVML records")
-    own = _mine(found_by_node.get(mine["node"], []), mine)
-    report.found(*own)
-    assert not own, f"{mine['node']}: " + " | ".join(map(str, own))
+def _judge(found_by_node: dict, mine: dict) -> judged.Judged:
+    return judged.Judged(_mine(found_by_node.get(mine["node"], []), mine), where=mine["node"],
+                         hint="act on each finding's fix; nvidia-smi -q on the node shows the same NVML records")
 
 
 # Runs without --spec too: its table of the node's facts is what `stackproof spec` makes a spec from.
@@ -65,8 +63,8 @@ def test_matches_the_spec(facts, dist_env, settings, report):
     report.figure("spec_entry", node_spec.key_text(entry["key"]) if entry else "none")
     if skipped[mine["node"]]:
         report.figure("skipped_gpus", settings.skipped_gpus)
-    _judge(report, {node: node_spec.judge_spec(known, node_rows, skipped.get(node, 0))
-                    for node, node_rows in nodes.items()}, mine)
+    return _judge({node: node_spec.judge_spec(known, node_rows, skipped.get(node, 0))
+                   for node, node_rows in nodes.items()}, mine)
 
 
 @pytest.mark.check(FAST, Needs(gpu=True, nodes=2))
@@ -74,4 +72,4 @@ def test_nodes_agree_on_driver_and_vbios(facts, dist_env, report):
     mine, rows = facts
     report.table(node_spec.TABLE, rows)
     report.figure("nodes", dist_env.num_nodes)
-    _judge(report, node_spec.odd_nodes(node_spec.by_node(rows)), mine)
+    return _judge(node_spec.odd_nodes(node_spec.by_node(rows)), mine)
