@@ -49,11 +49,11 @@ def test_the_venv_is_made_once(tmp_path):
     stamp.parent.mkdir()
     stamp.touch()
     lines = dry_run(repo, "test")
-    assert lines == [".venv/bin/python -m pytest"], lines
+    assert lines == [".venv/bin/python -m pytest --numprocesses=2"], lines
     later = time.time() + 10
     os.utime(repo / "images" / "matrix.toml", (later, later))  # the image's torch may have changed
     assert any(line.endswith("-m venv .venv") for line in dry_run(repo, "test"))
 
 
 def test_another_python_needs_no_venv(tmp_path):
-    assert dry_run(clone(tmp_path), "test", "PYTHON=python3") == ["python3 -m pytest"]
+    assert dry_run(clone(tmp_path), "test", "PYTHON=python3", "TEST_WORKERS=0") == ["python3 -m pytest --numprocesses=0"]
