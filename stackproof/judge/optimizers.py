@@ -8,6 +8,9 @@ decoupled, or corrects the bias with the wrong step moves a parameter by lr x a 
 
 from __future__ import annotations
 
+from stackproof.judge.findings import Finding
+from stackproof.judge.software import known_answer
+
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 FORMS = ("for-loop", "foreach", "fused")
 STEPS = 3
@@ -66,3 +69,13 @@ def bound(reference_abs, moved, eps: float, steps: int = STEPS, form: str = "for
     (OPTIMIZER_ULPS; FUSED_ULPS for the fused form)."""
     ulps = FUSED_ULPS if form == "fused" else OPTIMIZER_ULPS
     return PARAM_ROUNDINGS * steps * eps * reference_abs + ulps * eps * moved
+
+
+def step_wrong(name: str, form: str, device: str, worst: float, where: int) -> list[Finding]:
+    """A finding when an optimizer's parameter ended more than its tolerance from the reference: `worst` is the
+    largest error over the tolerance, in the parameter of index `where` (of SIZES)."""
+    if worst <= 1:
+        return []
+    return [known_answer(f"torch.optim.{name} ({form}, {device})", f"{STEPS} steps from a fresh state",
+                         "the float64 reference within the derived tolerance",
+                         f"error {worst:.3g}x the tolerance in parameter {where} ({SIZES[where]} elements)")]
