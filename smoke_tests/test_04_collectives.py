@@ -15,6 +15,7 @@ import torch.distributed._functional_collectives as funcol
 
 from stackproof.judge import data
 from stackproof.judge import known_answers as recipe
+from stackproof.judge.findings import Judged
 from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import pairwise, patterns
 from stackproof.measure.known_answers import (
@@ -249,11 +250,9 @@ def _splits(world: int, count: int, even: bool) -> list[list[int]]:
             for r in range(world)]
 
 
-def _moved_wrong(report, dist_env, wrong: list[tuple[str, str, object]]) -> None:
+def _moved_wrong(dist_env, wrong: list[tuple[str, str, object]]) -> Judged:
     gpu = dist_env.device.index if dist_env.is_gpu else None
-    found = [data.wrong_bytes(path, what, bad, gpu) for path, what, bad in wrong]
-    report.found(*found)
-    _verdict([str(f) for f in found])
+    return Judged([data.wrong_bytes(path, what, bad, gpu) for path, what, bad in wrong], hint=HINT)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
@@ -278,8 +277,7 @@ def test_all_to_all_single(splits, dtype_name, dist_env, report):
                               f"from rank {source}", bad))
         _sync(dist_env)
     report.figure("counts", ",".join(map(str, MOVED_COUNTS)))
-    report.hint(HINT)
-    _moved_wrong(report, dist_env, wrong)
+    return _moved_wrong(dist_env, wrong)
 
 
 @pytest.mark.check(FULL, Needs(ranks=2), fails_as=("interconnect", "isolate"))
@@ -307,5 +305,4 @@ def test_send_recv_between_every_pair(dtype_name, dist_env, report):
             pairs += 1
         _sync(dist_env)
     report.figure("exchanges", pairs)
-    report.hint(HINT)
-    _moved_wrong(report, dist_env, wrong)
+    return _moved_wrong(dist_env, wrong)

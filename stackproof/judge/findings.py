@@ -101,6 +101,9 @@ def worst(findings: list[Finding]) -> tuple[str, str] | None:
     return first.category, first.severity
 
 
+MESSAGE_FINDINGS = 3  # a failure's message names this many of its findings
+
+
 @dataclasses.dataclass(frozen=True, init=False)
 class Judged:
     """A check's answer on this rank: what its judge step found, which the suite's runner hands over (run/plugin.py
@@ -118,5 +121,8 @@ class Judged:
 
     @property
     def message(self) -> str:
-        said = " | ".join(map(str, self.findings))
+        """The first MESSAGE_FINDINGS findings, and how many more (every one is in the record)."""
+        said = " | ".join(map(str, self.findings[:MESSAGE_FINDINGS]))
+        if len(self.findings) > MESSAGE_FINDINGS:
+            said += f" (and {len(self.findings) - MESSAGE_FINDINGS} more)"
         return f"{self.where}: {said}" if self.where else said
