@@ -56,4 +56,5 @@ def test_the_venv_is_made_once(tmp_path):
 
 
 def test_another_python_needs_no_venv(tmp_path):
-    assert dry_run(clone(tmp_path), "test", "PYTHON=python3", "TEST_WORKERS=0") == ["python3 -m pytest --numprocesses=0"]
+    one_process = dry_run(clone(tmp_path), "test", "PYTHON=python3", "TEST_WORKERS=0")
+    assert one_process == ["python3 -m pytest --numprocesses=0"], one_process
