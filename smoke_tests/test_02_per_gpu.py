@@ -198,19 +198,17 @@ def test_memory_holds_patterns(own, first_on_gpu, dist_env, report):
     report.hint("run DCGM's full memory test on the GPU named (dcgmi diag -r 3) and check its remapped rows")
     wrong = [data.wrong_bytes("memory test", f"{tested.tested_bytes} B written and read back ({bad.where()})",
                               bad.wrong, gpu.index, gpu.uuid) for bad in tested.wrong]
-    report.found(*wrong)
-    assert not wrong, f"{_where(gpu, dist_env.device)}: " + " | ".join(map(str, wrong))
+    if wrong:
+        return Judged(wrong, where=_where(gpu, dist_env.device))
     assert tested.tested_bytes >= tested.free_bytes // 2, (
         f"{_where(gpu, dist_env.device)}: the memory test could take only {tested.tested_bytes / GiB:.1f} GiB of "
         f"{tested.free_bytes / GiB:.1f} GiB free (the allocator's pieces are smaller than "
         f"{memtest.CHUNK_BYTES >> 20} MiB, or another process took the memory meanwhile)")
 
 
-def _delivered(report, gpu: topology.Gpu, moved: list[tuple[str, str, object]]) -> None:
-    """The paths whose bytes arrived wrong, as this rank's findings about its GPU or link (after the figures)."""
-    wrong = [data.wrong_bytes(path, what, found, gpu.index, gpu.uuid) for path, what, found in moved if found]
-    report.found(*wrong)
-    assert not wrong, f"{HOST}, serial {gpu.serial or 'n/a'}: " + " | ".join(map(str, wrong))
+def _delivered(gpu: topology.Gpu, moved: list[tuple[str, str, object]]) -> list:
+    """The paths whose bytes arrived wrong, as this rank's findings about its GPU or link."""
+    return [data.wrong_bytes(path, what, found, gpu.index, gpu.uuid) for path, what, found in moved if found]
 
 
 @pytest.mark.check(FAST, Needs(gpu=True), fails_as=("performance", "triage"))
@@ -228,13 +226,14 @@ def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
         return
     if error is not None:
         raise error
-    _delivered(report, gpu, [("device-to-device copy", f"{nbytes} B copied {iters} times", wrong)])
+    wrong = _delivered(gpu, [("device-to-device copy", f"{nbytes} B copied {iters} times", wrong)])
+    if wrong:
+        return Judged(wrong, where=_where(gpu, dist_env.device))
     if bar.value is None:
         pytest.skip(f"no bar for the device copy ({rate / 1e12:.2f} TB/s measured): {bar.source}")
-    report.hint("check the clock-event reasons (health_history) and nvidia-smi -q -d PERFORMANCE,CLOCK on the GPU")
-    assert rate >= bar.value, (
-            f"{_where(gpu, dist_env.device)}: device-to-device copy {rate / 1e12:.2f} TB/s (read + write), "
-            f"expected >= {bar.value / 1e12:.2f} TB/s ({bar.source})")
+    return Judged(per_gpu.below_bar(gpu.index, gpu.uuid, "device-to-device copy (read + write)", rate, bar.value,
+                                    bar.source, 1e12, "TB/s", per_gpu.HBM_FIX), where=_where(gpu, dist_env.device),
+                  hint=per_gpu.HBM_FIX)
 
 
 @pytest.mark.check(FAST, Needs(gpu=True), fails_as=("gpu-hardware", "isolate"))
@@ -328,23 +327,22 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
         return
     if error is not None or check_error is not None:
         raise error or check_error
-    _delivered(report, gpu, [("host-to-device copy", f"{copies.nbytes} B from pinned memory", wrong_h2d),
+    where = _where(gpu, dist_env.device)
+    wrong = _delivered(gpu, [("host-to-device copy", f"{copies.nbytes} B from pinned memory", wrong_h2d),
                              ("device-to-host copy", f"{copies.nbytes} B into pinned memory", wrong_d2h)])
+    if wrong:
+        return Judged(wrong, where=where)
     report.figure("copy_tries", placed.get("tries", 0))
     report.figure("pcie_under_load", f"gen{gen} x{width} (the GPU's own max gen{expected[0]} x{expected[1]})")
-    report.hint("check the link (lspci -vv: LnkSta vs LnkCap), the slot's BIOS settings, and that the rank runs "
-                "on the GPU's NUMA node (nvidia-smi topo -m)")
-    where = _where(gpu, dist_env.device)
-    problems = [f"{what}: n/a: {nvml_error}" for what, nvml_error in errors.items()]
     downtrained = hardware.pcie_under_load(gpu, gen, width)
-    if downtrained:
-        problems.append(f"PCIe link expected {downtrained.expected}, found {downtrained.found}")
-    if bar.value is not None:
-        problems += [f"pinned {name} copy {rate / 1e9:.1f} GB/s, expected >= {bar.value / 1e9:.1f} GB/s ({bar.source})"
-                     for name, rate in (("host-to-device", h2d), ("device-to-host", d2h)) if rate < bar.value]
-    assert not problems, f"{where}: " + "; ".join(problems)
-    if bar.value is None:
+    found = per_gpu.unread(gpu.index, gpu.uuid, errors, "interconnect", per_gpu.COPIES_FIX)
+    found += [downtrained] if downtrained else []
+    for name, rate in (("host-to-device", h2d), ("device-to-host", d2h)):
+        found += per_gpu.below_bar(gpu.index, gpu.uuid, f"pinned {name} copy", rate, bar.value, bar.source, 1e9,
+                                   "GB/s", per_gpu.COPIES_FIX, category="interconnect", digits=1)
+    if not found and bar.value is None:
         pytest.skip(f"no bar for the copies ({h2d / 1e9:.1f} / {d2h / 1e9:.1f} GB/s measured): {bar.source}")
+    return Judged(found, where=where, hint=per_gpu.COPIES_FIX)
 
 
 @pytest.mark.check(FAST, Needs(gpu=True), fails_as=("performance", "triage"),
@@ -383,22 +381,17 @@ def test_gemm_throughput(own, first_on_gpu, dist_env, settings, report):
     slow = {entry["rank"]: entry for entry in verdict["slow"]}
     report.figure("median", round(verdict["median"][model] / 1e12, 1), "TFLOP/s")
     report.figure("clock_event_reasons_under_load", "n/a" if reasons is None else hex(reasons))
-    report.hint("check cooling, power and clocks on the GPU named (nvidia-smi -q -d PERFORMANCE,CLOCK,POWER), and "
-                "that nothing else runs on it (nvidia-smi)")
-    where = _where(gpu, dist_env.device)
     why = f" (clocks held back: {', '.join(f.found for f in held_back)})" if held_back else ""
-    problems = [f"{what}: n/a: {nvml_error}" for what, nvml_error in errors.items()]
-    problems += [f"{finding.check}: expected {finding.expected}, found {finding.found}; fix: {finding.action}"
-                 for finding in held_back]
-    report.found(*held_back)  # the clocks' own class; a figure below its bar alone is the check's
-    if bar.value is not None and flops < bar.value:
-        problems.append(f"bf16 GEMM 8192^3 {flops / 1e12:.0f} TFLOP/s, expected >= {bar.value / 1e12:.0f} TFLOP/s "
-                        f"({bar.source}){why}")
+    found = per_gpu.unread(gpu.index, gpu.uuid, errors, "performance", per_gpu.GEMM_FIX)
+    found += held_back  # the clocks' own class
+    found += per_gpu.below_bar(gpu.index, gpu.uuid, "bf16 GEMM 8192^3", flops, bar.value, bar.source, 1e12,
+                               "TFLOP/s", per_gpu.GEMM_FIX, digits=0, why=why)
     if dist_env.rank in slow:
-        median = slow[dist_env.rank]["median"]
-        problems.append(f"bf16 GEMM {flops / 1e12:.0f} TFLOP/s is more than {settings.gpu_spread:.0%} below the median "
-                        f"{median / 1e12:.0f} TFLOP/s of the job's {model} GPUs{why}")
-    assert not problems, f"{where}: " + "; ".join(problems)
+        found.append(per_gpu.below_peers(gpu.index, gpu.uuid, "bf16 GEMM 8192^3 against the job's GPUs", flops,
+                                         slow[dist_env.rank]["median"], settings.gpu_spread, model, 1e12, "TFLOP/s",
+                                         per_gpu.GEMM_FIX, why=why))
+    if found:
+        return Judged(found, where=_where(gpu, dist_env.device), hint=per_gpu.GEMM_FIX)
     if bar.value is None:
         pytest.skip(f"no bar for the GEMM ({flops / 1e12:.0f} TFLOP/s measured, within {settings.gpu_spread:.0%} of "
                     f"the job's median): {bar.source}")

@@ -5,10 +5,16 @@ tolerance below their model's median. Pure, unit-tested without torch."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 
 from stackproof.judge import consensus
 from stackproof.judge.findings import Finding
 
+HBM_FIX = "check the clock-event reasons (health_history) and nvidia-smi -q -d PERFORMANCE,CLOCK on the GPU"
+COPIES_FIX = ("check the link (lspci -vv: LnkSta vs LnkCap), the slot's BIOS settings, and that the rank runs on the "
+              "GPU's NUMA node (nvidia-smi topo -m)")
+GEMM_FIX = ("check cooling, power and clocks on the GPU named (nvidia-smi -q -d PERFORMANCE,CLOCK,POWER), and that "
+            "nothing else runs on it (nvidia-smi)")
 COMPUTES_WRONG = ("drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named; a GPU that "
                   "computes wrong must not train")
 
@@ -79,3 +85,26 @@ def digest_disagrees(odd: dict, gpu_index: int, uuid: str, model: str) -> Findin
 def computes_wrong(gpu_index: int, uuid: str, what: str, found: str) -> Finding:
     """A GPU whose kernel's result is not the exact answer: silent data corruption, to isolate."""
     return Finding(gpu_index, uuid, what, "the exact answer", found, "gpu-hardware", "isolate", COMPUTES_WRONG)
+
+
+def below_bar(gpu_index: int, uuid: str, what: str, value: float, bar: float | None, source: str, scale: float,
+              unit: str, action: str, category: str = "performance", digits: int = 2, why: str = "") -> list[Finding]:
+    """A finding when a GPU's figure is below its bar (none without a bar); `why`: what the GPU said of it (clocks
+    held back)."""
+    if bar is None or value >= bar:
+        return []
+    return [Finding(gpu_index, uuid, what, f">= {bar / scale:.{digits}f} {unit} ({source})",
+                    f"{value / scale:.{digits}f} {unit}{why}", category, "triage", action)]
+
+
+def below_peers(gpu_index: int, uuid: str, what: str, value: float, median: float, tolerance: float, model: str,
+                scale: float, unit: str, action: str, why: str = "") -> Finding:
+    """A GPU more than `tolerance` below the median of the job's GPUs of its model (below_median_by_model)."""
+    return Finding(gpu_index, uuid, what, f"within {tolerance:.0%} of the median {median / scale:.0f} {unit} of the "
+                   f"job's {model} GPUs", f"{value / scale:.0f} {unit}{why}", "performance", "triage", action)
+
+
+def unread(gpu_index: int, uuid: str, errors: Mapping[str, str], category: str, action: str) -> list[Finding]:
+    """NVML readings a check needed and could not take: each a finding of the check's class, never a pass."""
+    return [Finding(gpu_index, uuid, what, "NVML's reading", f"n/a: {error}", category, "triage", action)
+            for what, error in errors.items()]
