@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from stackproof.judge import known_answers as recipe
 from stackproof.judge import software
+from stackproof.judge.findings import Judged
 from stackproof.judge.promise import FAST, FULL, Needs
 from stackproof.measure import known_answers as known
 
@@ -37,10 +38,10 @@ def _wrong(library: str, what: str, expected: str, compute):
     return software.known_answer(library, what, expected, found) if found else None
 
 
-def _answer(report, library: str, what: str, expected: str, compute) -> None:
-    if finding := _wrong(library, what, expected, compute):
-        report.found(finding)
-        pytest.fail(str(finding))
+def _answers(*cases: tuple) -> Judged:
+    """Each case (library, what, expected, compute) that gave another answer, as its finding: every wrong case, not
+    only the first (which of them tells the kernel apart)."""
+    return Judged(finding for case in cases if (finding := _wrong(*case)))
 
 
 def _close(found: torch.Tensor, want: torch.Tensor, tolerance: float) -> str:
@@ -67,8 +68,8 @@ def test_linear_algebra(dist_env, report):
         found = torch.linalg.svdvals((q @ torch.diag(s) @ q.T).to(device))
         return _close(found, s, 1e-9)
 
-    _answer(report, library, "linalg.solve", "A x = b solved to the whole-number x", solve)
-    _answer(report, library, "linalg.svdvals", "singular values n..1 of Q diag(n..1) Q^T", svd)
+    return _answers((library, "linalg.solve", "A x = b solved to the whole-number x", solve),
+                    (library, "linalg.svdvals", "singular values n..1 of Q diag(n..1) Q^T", svd))
 
 
 def test_fft(dist_env, report):
@@ -87,8 +88,8 @@ def test_fft(dist_env, report):
     def round_trip():
         return _close(torch.fft.irfft(torch.fft.rfft(signal.to(device)), n), signal, 1e-5)
 
-    _answer(report, library, "fft", f"|X| = {n // 2} at bins {k} and {n - k}, 0 elsewhere", spectrum)
-    _answer(report, library, "irfft(rfft(x))", "x back", round_trip)
+    return _answers((library, "fft", f"|X| = {n // 2} at bins {k} and {n - k}, 0 elsewhere", spectrum),
+                    (library, "irfft(rfft(x))", "x back", round_trip))
 
 
 def test_random_numbers(dist_env, report):
@@ -117,7 +118,7 @@ def test_random_numbers(dist_env, report):
             problems.append(f"normal variance {float(normal.double().var()):.5f}")
         return "; ".join(problems)
 
-    _answer(report, library, "rand/randn", "reproducible, in range, the right moments", right)
+    return _answers((library, "rand/randn", "reproducible, in range, the right moments", right))
 
 
 def _matmul_dtypes(device: torch.device) -> list[str]:
@@ -141,6 +142,7 @@ def test_cublaslt_matmuls(dist_env, report):
     a = torch.randint(-1, 2, (4, m, k), generator=generator).double()
     b = torch.randint(-1, 2, (4, k, m), generator=generator).double()
     bias = torch.randint(-4, 5, (m,), generator=generator).double()
+    cases = []
     for name in names:
         def right(name=name):
             if name == "float8_e4m3fn":
@@ -162,7 +164,8 @@ def test_cublaslt_matmuls(dist_env, report):
                 torch.backends.cuda.matmul.allow_tf32 = previous
             return "; ".join(problems)
 
-        _answer(report, library, f"{name} GEMMs", "the exact product (whole numbers)", right)
+        cases.append((library, f"{name} GEMMs", "the exact product (whole numbers)", right))
+    return _answers(*cases)
 
 
 def _gemm_case(device: torch.device, name: str, k: int) -> str:
@@ -209,9 +212,7 @@ def test_gemms_at_every_k_class(dist_env, report):
             if finding := _wrong(library, f"{name} GEMM at {cls} K = {k}", "the exact product (whole numbers)",
                                  right):
                 findings.append(finding)
-    if findings:  # every wrong case, not only the first: which precisions and K classes tells the kernel apart
-        report.found(*findings)
-        pytest.fail("; ".join(map(str, findings)))
+    return Judged(findings)  # every wrong case: which precisions and K classes tells the kernel apart
 
 
 def test_torchvision_ops(dist_env, report):
@@ -239,8 +240,8 @@ def test_torchvision_ops(dist_env, report):
         found = ops.roi_align(features.to(device), rois.to(device), (7, 7), 0.5, 2, aligned=True)
         return _close(found, want, 1e-5)
 
-    _answer(report, library, "nms", "boxes [3, 0, 4] kept (IoU threshold 0.5)", nms)
-    _answer(report, library, "roi_align", "torchvision's CPU kernel's answer", roi_align)
+    return _answers((library, "nms", "boxes [3, 0, 4] kept (IoU threshold 0.5)", nms),
+                    (library, "roi_align", "torchvision's CPU kernel's answer", roi_align))
 
 
 # The child ends by os._exit: once a device-side assert has poisoned its CUDA context, Python's own teardown
@@ -297,8 +298,8 @@ def test_device_side_errors_reach_python(dist_env, report, assert_child):
             return ""
         return f"exit {assert_child.returncode}: {said[-1][:300] if said else 'nothing on stderr'}"
 
-    _answer(report, f"CUDA {torch.version.cuda}" if device.type == "cuda" else "torch",
-            "torch._assert_async(False)", "a RuntimeError naming a device-side assert", raised)
+    return _answers((f"CUDA {torch.version.cuda}" if device.type == "cuda" else "torch",
+                     "torch._assert_async(False)", "a RuntimeError naming a device-side assert", raised))
 
 
 def test_numpy_interop(dist_env, report):
@@ -319,4 +320,4 @@ def test_numpy_interop(dist_env, report):
             problems.append("numpy int64 did not map to torch.int64")
         return "; ".join(problems)
 
-    _answer(report, f"numpy {numpy.__version__}", "interop", "memory shared, values intact", right)
+    return _answers((f"numpy {numpy.__version__}", "interop", "memory shared, values intact", right))
