@@ -137,6 +137,30 @@ def test_pins_compared_with_an_expect_file(tmp_path):
     assert "nccl: expected 2.0.1" in message and f"found {right['nccl']} loaded from" in message
 
 
+def test_an_environment_drifted_from_its_lock_is_named_package_by_package(tmp_path):
+    """The lock an expect file names (an image's /etc/stackproof/lock.txt), against what is installed: a lock that
+    pins another pytest than the one running fails as the image's (software-pins), naming it; the true pins pass."""
+    from importlib.metadata import version
+
+    import torch
+
+    right = {"torch": torch.__version__.split("+")[0]}
+    installed = {"pytest": version("pytest"), "packaging": version("packaging")}
+    for name, pins in (("right", installed), ("drifted", {**installed, "pytest": "1.0.0"})):
+        (tmp_path / f"{name}.txt").write_text("# stackproof lock: image=current python=3.13 platform=x86_64\n"
+                                              + "".join(f"{p}=={v}\n" for p, v in pins.items()))
+        (tmp_path / f"{name}.json").write_text(json.dumps({**right, "lock": str(tmp_path / f"{name}.txt")}))
+    proc, report = validate(tmp_path / "ok", "--expect-file", str(tmp_path / "right.json"), "-k", "lock",
+                            "--nproc", "1")
+    assert proc.returncode == EXIT_OK, proc.stdout[-3000:]
+    proc, report = validate(tmp_path / "bad", "--expect-file", str(tmp_path / "drifted.json"), "-k", "lock",
+                            "--nproc", "1")
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:]
+    [finding] = checks(report, "failed")["pins::installed_packages_match_the_lock"]["findings"]
+    assert (finding["category"], finding["severity"]) == ("software-pins", "triage"), finding
+    assert finding["found"] == f"1 package(s) differ: pytest: lock 1.0.0, installed {installed['pytest']}", finding
+
+
 def test_bad_flags_exit_2_before_anything_runs(tmp_path):
     proc, report = validate(tmp_path, "--timeout", "900", "--run-timeout", "60")
     assert proc.returncode == 2 and report is None
