@@ -231,8 +231,8 @@ def test_hbm_bandwidth(own, first_on_gpu, dist_env, settings, report):
         return Judged(wrong, where=_where(gpu, dist_env.device))
     if bar.value is None:
         pytest.skip(f"no bar for the device copy ({rate / 1e12:.2f} TB/s measured): {bar.source}")
-    return Judged(per_gpu.below_bar(gpu.index, gpu.uuid, "device-to-device copy (read + write)", rate, bar.value,
-                                    bar.source, 1e12, "TB/s", per_gpu.HBM_FIX), where=_where(gpu, dist_env.device),
+    return Judged(per_gpu.below_bar(gpu.index, gpu.uuid, "device-to-device copy (read + write)", rate, bar, 1e12,
+                                    "TB/s", per_gpu.HBM_FIX), where=_where(gpu, dist_env.device),
                   hint=per_gpu.HBM_FIX)
 
 
@@ -338,8 +338,8 @@ def test_host_device_copies(own, first_on_gpu, dist_env, settings, report):
     found = per_gpu.unread(gpu.index, gpu.uuid, errors, "interconnect", per_gpu.COPIES_FIX)
     found += [downtrained] if downtrained else []
     for name, rate in (("host-to-device", h2d), ("device-to-host", d2h)):
-        found += per_gpu.below_bar(gpu.index, gpu.uuid, f"pinned {name} copy", rate, bar.value, bar.source, 1e9,
-                                   "GB/s", per_gpu.COPIES_FIX, category="interconnect", digits=1)
+        found += per_gpu.below_bar(gpu.index, gpu.uuid, f"pinned {name} copy", rate, bar, 1e9, "GB/s",
+                                   per_gpu.COPIES_FIX, category="interconnect", digits=1)
     if not found and bar.value is None:
         pytest.skip(f"no bar for the copies ({h2d / 1e9:.1f} / {d2h / 1e9:.1f} GB/s measured): {bar.source}")
     return Judged(found, where=where, hint=per_gpu.COPIES_FIX)
@@ -384,8 +384,8 @@ def test_gemm_throughput(own, first_on_gpu, dist_env, settings, report):
     why = f" (clocks held back: {', '.join(f.found for f in held_back)})" if held_back else ""
     found = per_gpu.unread(gpu.index, gpu.uuid, errors, "performance", per_gpu.GEMM_FIX)
     found += held_back  # the clocks' own class
-    found += per_gpu.below_bar(gpu.index, gpu.uuid, "bf16 GEMM 8192^3", flops, bar.value, bar.source, 1e12,
-                               "TFLOP/s", per_gpu.GEMM_FIX, digits=0, why=why)
+    found += per_gpu.below_bar(gpu.index, gpu.uuid, "bf16 GEMM 8192^3", flops, bar, 1e12, "TFLOP/s",
+                               per_gpu.GEMM_FIX, digits=0, why=why)
     if dist_env.rank in slow:
         found.append(per_gpu.below_peers(gpu.index, gpu.uuid, "bf16 GEMM 8192^3 against the job's GPUs", flops,
                                          slow[dist_env.rank]["median"], settings.gpu_spread, model, 1e12, "TFLOP/s",

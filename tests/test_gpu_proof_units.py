@@ -411,14 +411,15 @@ def test_no_numa_node_in_sysfs_leaves_the_thread_where_it_runs(tmp_path):
 
 def test_a_figure_below_its_bar_or_its_peers_is_the_gpus_finding_and_an_unread_one_is_never_a_pass():
     """judge/per_gpu.py from recorded readings (the fast tier's HBM, copies and GEMM checks hand these over)."""
-    assert per_gpu.below_bar(0, "GPU-a", "device copy", 3.8e12, 3.37e12, "H200 spec", 1e12, "TB/s", "fix") == []
-    assert per_gpu.below_bar(0, "GPU-a", "device copy", 3.0e12, None, "no bar", 1e12, "TB/s", "fix") == []
-    [slow] = per_gpu.below_bar(1, "GPU-b", "pinned host-to-device copy", 27.8e9, 44.1e9, "PCIe gen5 x16", 1e9, "GB/s",
+    spec, none, pcie = bars.Bar(3.37e12, "H200 spec"), bars.Bar(None, "no bar"), bars.Bar(44.1e9, "PCIe gen5 x16")
+    assert per_gpu.below_bar(0, "GPU-a", "device copy", 3.8e12, spec, 1e12, "TB/s", "fix") == []
+    assert per_gpu.below_bar(0, "GPU-a", "device copy", 3.0e12, none, 1e12, "TB/s", "fix") == []
+    [slow] = per_gpu.below_bar(1, "GPU-b", "pinned host-to-device copy", 27.8e9, pcie, 1e9, "GB/s",
                                per_gpu.COPIES_FIX, category="interconnect", digits=1)
     assert (slow.gpu_index, slow.category, slow.severity) == (1, "interconnect", "triage")
     assert (slow.expected, slow.found) == (">= 44.1 GB/s (PCIe gen5 x16)", "27.8 GB/s")
-    [held] = per_gpu.below_bar(0, "GPU-a", "bf16 GEMM", 500e12, 642e12, "SM count x clock", 1e12, "TFLOP/s", "fix",
-                               digits=0, why=" (clocks held back: power cap)")
+    [held] = per_gpu.below_bar(0, "GPU-a", "bf16 GEMM", 500e12, bars.Bar(642e12, "SM count x clock"), 1e12,
+                               "TFLOP/s", "fix", digits=0, why=" (clocks held back: power cap)")
     assert held.found == "500 TFLOP/s (clocks held back: power cap)" and held.category == "performance"
     peers = per_gpu.below_peers(2, "GPU-c", "bf16 GEMM", 600e12, 760e12, 0.1, "NVIDIA H200 (132 SMs)", 1e12,
                                 "TFLOP/s", "fix")

@@ -104,20 +104,18 @@ def worst(findings: list[Finding]) -> tuple[str, str] | None:
 MESSAGE_FINDINGS = 3  # a failure's message names this many of its findings
 
 
-@dataclasses.dataclass(frozen=True, init=False)
+@dataclasses.dataclass(frozen=True)
 class Judged:
     """A check's answer on this rank: what its judge step found, which the suite's runner hands over (run/plugin.py
     pytest_pyfunc_call): each finding fails the check here and decides what is done to the node. `hint`: the fix
     the report prints when it fails; `where`: what heads the failure's message (the node, the GPU)."""
 
-    findings: tuple[Finding, ...]
-    hint: str
-    where: str
+    findings: Iterable[Finding] = ()
+    hint: str = ""
+    where: str = ""
 
-    def __init__(self, findings: Iterable[Finding] = (), hint: str = "", where: str = ""):
-        object.__setattr__(self, "findings", tuple(findings))
-        object.__setattr__(self, "hint", hint)
-        object.__setattr__(self, "where", where)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "findings", tuple(self.findings))  # any iterable in, a tuple kept
 
     @property
     def message(self) -> str:

@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Mapping
 
 from stackproof.judge import consensus
+from stackproof.judge.bars import Bar
 from stackproof.judge.findings import Finding
 
 HBM_FIX = "check the clock-event reasons (health_history) and nvidia-smi -q -d PERFORMANCE,CLOCK on the GPU"
@@ -87,13 +88,13 @@ def computes_wrong(gpu_index: int, uuid: str, what: str, found: str) -> Finding:
     return Finding(gpu_index, uuid, what, "the exact answer", found, "gpu-hardware", "isolate", COMPUTES_WRONG)
 
 
-def below_bar(gpu_index: int, uuid: str, what: str, value: float, bar: float | None, source: str, scale: float,
-              unit: str, action: str, category: str = "performance", digits: int = 2, why: str = "") -> list[Finding]:
+def below_bar(gpu_index: int, uuid: str, what: str, value: float, bar: Bar, scale: float, unit: str, action: str,
+              category: str = "performance", digits: int = 2, why: str = "") -> list[Finding]:
     """A finding when a GPU's figure is below its bar (none without a bar); `why`: what the GPU said of it (clocks
     held back)."""
-    if bar is None or value >= bar:
+    if bar.value is None or value >= bar.value:
         return []
-    return [Finding(gpu_index, uuid, what, f">= {bar / scale:.{digits}f} {unit} ({source})",
+    return [Finding(gpu_index, uuid, what, f">= {bar.value / scale:.{digits}f} {unit} ({bar.source})",
                     f"{value / scale:.{digits}f} {unit}{why}", category, "triage", action)]
 
 
