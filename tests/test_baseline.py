@@ -120,6 +120,8 @@ def test_another_schema_is_refused_naming_the_field(known_good, tmp_path):
     ('{"schema": "stackproof.baseline/1", "entries": [{"key": {"gpu": "cpu", "ranks_per_node": 2, "nodes": 1, '
      '"link": ""}, "figures": {"c": {"f": {"median": "fast", "unit": "GB/s"}}}}]}',
      "field 'entries[0].figures[c][f]'.median: expected a number, found 'fast'"),
+    ('{"schema": "stackproof.baseline/1", "entries": [{"key": {"gpu": "cpu", "ranks_per_node": 2, "nodes": 1, '
+     '"link": ""}, "figures": {}}]}', "field 'entries[0].figures': expected an object with at least one figure"),
 ])
 def test_a_bad_baseline_file_is_exit_2_before_anything_runs(tmp_path, content, words):
     (tmp_path / "b.json").write_text(content)
@@ -129,6 +131,18 @@ def test_a_bad_baseline_file_is_exit_2_before_anything_runs(tmp_path, content, w
     assert words in proc.stderr and str(tmp_path / "b.json") in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert time.monotonic() - started < 30  # no rank started
+
+
+def test_runs_that_measured_nothing_a_baseline_holds_make_none(tmp_path):
+    """A barrier's time is waiting for the others, no rank's own figure: a baseline of such runs would hold
+    nothing, and every later run would pass it. Refused, naming the reports and the fix."""
+    proc, report = validate(tmp_path, "--expect-gpus", "0", "-k", "barrier")
+    assert proc.returncode == EXIT_OK and checks(report, "passed")["collectives::barrier"]["figures"]["barrier"]
+    made = stackproof("baseline", tmp_path / "reports", "-o", tmp_path / "baseline.json")
+    assert made.returncode == Exit.USAGE and not (tmp_path / "baseline.json").exists()
+    assert (f"{tmp_path / 'reports'}: field 'checks': expected figures a baseline holds" in made.stderr
+            and "found none for cpu, 2 rank(s)/node, 1 node(s)" in made.stderr
+            and "fix: make the baseline from runs that measure" in made.stderr), made.stderr
 
 
 def test_a_tolerance_must_be_positive(tmp_path, known_good):

@@ -63,6 +63,11 @@ def make(paths: Sequence[Path]) -> tuple[dict[str, Any], list[str]]:
                     sample["values"].append(figure["value"])
     for entry in entries:
         samples = entry.pop("samples")
+        if not samples:  # a baseline of nothing would pass every later run
+            raise ConfigError(f"{', '.join(entry['reports'])}: field 'checks': expected figures a baseline holds "
+                              f"(a GPU's or rank's own {', '.join(UNIT_BETTER)}), found none for "
+                              f"{key_text(entry['key'])}; fix: make the baseline from runs that measure (on GPUs "
+                              "any tier does; on CPU ranks --tier full, or -k busbw), docs/baseline.md")
         entry["figures"] = {check: {name: summary(s["values"], s["unit"]) for name, s in sorted(figures.items())}
                             for check, figures in samples.items()}
     baseline = {"schema": SCHEMA, "stackproof": __version__,
@@ -90,8 +95,8 @@ def load(path: str | Path) -> dict[str, Any]:
         key = entry.get("key") if isinstance(entry, dict) else None
         if not isinstance(key, dict) or any(f not in key for f in KEY_FIELDS):
             raise bad(f"'entries[{i}].key'", f"an object with {', '.join(KEY_FIELDS)}", key)
-        if not isinstance(entry.get("figures"), dict):
-            raise bad(f"'entries[{i}].figures'", "an object", entry.get("figures"))
+        if not isinstance(entry.get("figures"), dict) or not any(entry["figures"].values()):
+            raise bad(f"'entries[{i}].figures'", "an object with at least one figure", entry.get("figures"))
         for check, figures in entry["figures"].items():
             for name, figure in (figures or {}).items():
                 where = f"'entries[{i}].figures[{check}][{name}]'"
