@@ -4,7 +4,6 @@ stackproof/measure/burn.py run for real on the CPU beneath a fake NVML whose the
 settings; the tier's promise; and the HTML page's charts."""
 
 import re
-import time
 
 import pytest
 import torch
