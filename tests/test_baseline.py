@@ -94,13 +94,13 @@ def test_a_baseline_without_this_machine_is_bad_input_and_keys_are_named_when_mi
     assert f"# {message}" in proc.stdout
     assert "nothing ran" not in proc.stdout  # the barrier ran: the verdict's words must not deny it
     assert "exit code 2: bad input (flags, settings, files, matrix or lock): nothing was judged" in proc.stdout
-    (tmp_path / "one").mkdir()
-    proc, _ = validate(tmp_path / "one", "--expect-gpus", "0", "--nproc", "1", "-k", "barrier")
+    (tmp_path / "three").mkdir()  # another key, with figures of its own (an entry of none is refused)
+    proc, _ = validate(tmp_path / "three", "--expect-gpus", "0", "--nproc", "3", *FIGURES)
     assert proc.returncode == EXIT_OK, proc.stdout[-3000:]
-    made = stackproof("baseline", reports, tmp_path / "one" / "reports", "-o", tmp_path / "both.json")
+    made = stackproof("baseline", reports, tmp_path / "three" / "reports", "-o", tmp_path / "both.json")
     assert made.returncode == 0, made.stderr
     assert f"# {reports}: cpu, 2 rank(s)/node" in made.stdout
-    assert f"# {tmp_path / 'one' / 'reports'}: cpu, 1 rank(s)/node" in made.stdout
+    assert f"# {tmp_path / 'three' / 'reports'}: cpu, 3 rank(s)/node" in made.stdout
     assert len(json.loads((tmp_path / "both.json").read_text())["entries"]) == 2
 
 
