@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stackproof import environment
-from stackproof.judge import expectation, hardware, sharing, software
+from stackproof.judge import expectation, hardware, per_gpu, sharing, software
 from stackproof.judge.findings import Judged
 from stackproof.judge.promise import FAST, Needs
 from stackproof.measure import nics, topology
@@ -28,28 +28,19 @@ def visible(inventory):
     return topology.visible(inventory, topology.cuda_visible_devices())
 
 
-@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
 def test_torch_sees_the_expected_gpus(inventory, visible, settings, report):
     count = torch.cuda.device_count()
     bus = topology.nvidia_gpus_on_bus(settings.pci_devices)
     expected = expectation.expected_gpus(settings.expect_gpus, environment.current(), bus)
-    want, why = expected.count, expected.why
     report.figure("gpus", count)
     report.figure("names", ",".join(sorted({g.name for g in visible})))
     report.figure("driver", inventory.driver_version)
     report.context("driver", {"version": inventory.driver_version, "cuda": inventory.cuda_driver_version})
     report.context("nics", nics.survey())  # the node class's network half (stackproof attest)
-    cvd = environment.CUDA_VISIBLE_DEVICES.get()
-    report.hint("check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host")
-    # GPUs missing that the scheduler allocated or the PCI bus shows are the node's fault (act drains it); fewer
-    # than a flag or a launch asked for may be the flag's or the launch's.
-    if expectation.lost_by_the_node(expected, count, len(bus or [])):
-        report.found(expectation.gpus_lost(expected, count))
-    assert count == len(visible), (f"torch.cuda.device_count() = {count}, but NVML shows {len(visible)} GPU(s) "
-                                   f"visible (CUDA_VISIBLE_DEVICES={cvd}, NVML total {len(inventory.gpus)})")
     gone = topology.missing_from_nvml(bus or [], inventory) if expected.source == expectation.BUS else []
-    assert count >= want, (f"expected >= {want} GPU(s) ({why}), found {count}: {[g.name for g in visible]}"
-                           + (f"; on the bus but not to NVML: {', '.join(gone)}" if gone else ""))
+    return Judged(expectation.seen_findings(expected, count, len(visible), len(inventory.gpus), len(bus or []),
+                                            environment.CUDA_VISIBLE_DEVICES.get(), gone),
+                  hint=expectation.VISIBILITY_FIX)
 
 
 def test_gpus_have_what_they_should(inventory, report):
@@ -66,21 +57,17 @@ def test_gpus_have_what_they_should(inventory, report):
                   hint="act on each finding's fix; nvidia-smi topo -m and nvidia-smi nvlink -s show the links")
 
 
-@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
 def test_driver_supports_the_image_cuda(inventory, report):
     built = torch.version.cuda
     driver = inventory.cuda_driver_version
     report.figure("torch_cuda", built)
     report.figure("driver_cuda", driver)
-    built_v, driver_v = (tuple(int(x) for x in v.split(".")[:2]) for v in (built, driver))
-    report.hint(f"install an NVIDIA driver that supports CUDA {built} (or use the image built for CUDA {driver})")
-    assert driver_v[0] >= built_v[0], (f"torch is built for CUDA {built}, the driver {inventory.driver_version} "
-                                       f"supports CUDA {driver} at most")
-    if driver_v < built_v:
+    if software.minor_version_compatible(built, driver):
         report.figure("note", f"CUDA minor-version compatibility: {built} on a {driver} driver")
+    fix = f"install an NVIDIA driver that supports CUDA {built} (or use the image built for CUDA {driver})"
+    return Judged(software.driver_too_old(built, driver, inventory.driver_version, fix), hint=fix)
 
 
-@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("gpu-hardware", "isolate"))
 def test_every_gpu_computes(dist_env, report):
     """A matmul on small integers is exact in float32, so the GPU's answer must equal the CPU's bit for bit."""
     devices = ([dist_env.device] if dist_env.local_world_size >= torch.cuda.device_count()
@@ -88,17 +75,18 @@ def test_every_gpu_computes(dist_env, report):
     generator = torch.Generator().manual_seed(1234)
     a = torch.randint(-4, 5, (1024, 1024), generator=generator).float()
     b = torch.randint(-4, 5, (1024, 1024), generator=generator).float()
-    want = a @ b
+    want, found = a @ b, []
     for device in devices:
-        found = (a.to(device) @ b.to(device)).cpu()
-        wrong = int((found != want).sum())
-        assert not wrong, (f"cuda:{device.index} ({torch.cuda.get_device_name(device)}): matmul differs from the "
-                           f"CPU in {wrong} of {want.numel()} elements")
+        wrong = int(((a.to(device) @ b.to(device)).cpu() != want).sum())
+        if wrong:
+            found.append(per_gpu.computes_wrong(device.index, str(torch.cuda.get_device_properties(device).uuid),
+                                                "a float32 matmul of small integers against the CPU's",
+                                                f"{wrong} of {want.numel()} elements differ"))
     report.figure("devices_checked", len(devices))
+    return Judged(found, hint=per_gpu.COMPUTES_WRONG)
 
 
 
-@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("software-pins", "triage"))
 def test_torch_has_kernels_for_every_gpu(dist_env, report):
     """An image built without kernels for this GPU fails here as software-pins, not later as a GPU that
     'cannot compute' (CUDA error: no kernel image is available for execution on the device)."""
@@ -113,7 +101,6 @@ def test_torch_has_kernels_for_every_gpu(dist_env, report):
     return Judged(found)
 
 
-@pytest.mark.check(FAST, Needs(gpu=True), fails_as=("configuration", "triage"))
 def test_no_two_ranks_share_a_gpu(dist_env, settings, report):
     """Two ranks on one GPU halve its figures and make stragglers of both: named here as the setup fault it is
     (judge/sharing.py), unless the nodes are emulated on one machine on purpose (--emulated-nodes)."""

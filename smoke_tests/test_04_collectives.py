@@ -15,7 +15,7 @@ import torch.distributed._functional_collectives as funcol
 
 from stackproof.judge import data
 from stackproof.judge import known_answers as recipe
-from stackproof.judge.findings import Judged
+from stackproof.judge.findings import Finding, Judged
 from stackproof.judge.promise import FULL, Needs
 from stackproof.measure import pairwise, patterns
 from stackproof.measure.known_answers import (
@@ -32,11 +32,11 @@ from stackproof.run import faults
 MiB = 1 << 20
 OP_NAMES = list(OPS)
 # gloo averages floats only, and older torches' gloo not at all: judged on CPU ranks where it runs, promised on GPUs.
-GLOO_AVG = pytest.mark.check(FULL, Needs(), fails_as=("interconnect", "isolate"),
+GLOO_AVG = pytest.mark.check(FULL, Needs(),
                              optional="gloo averages floats only, and older torches' gloo not at all",
                              optional_on=("cpu",))
 OP_PARAMS = [pytest.param(op, marks=GLOO_AVG) if op == "avg" else op for op in OP_NAMES]
-pytestmark = pytest.mark.check(FULL, Needs(), fails_as=("interconnect", "isolate"))
+pytestmark = pytest.mark.check(FULL, Needs())
 DTYPE_NAMES = list(DTYPES)
 # (in place?, element offset): offset 1 makes the buffer start off every vector alignment NCCL likes. Each
 # placement is a new call on the same shape, with its own data.
@@ -85,19 +85,23 @@ def _skip_unsupported(op: str, dtype: torch.dtype, dist_env) -> None:
         pytest.skip(f"this torch's gloo cannot average ({err}); NCCL can: covered on GPU runs")
 
 
-def _wrong(what: str, count: int, found: torch.Tensor, want: torch.Tensor, ulps: int = 0) -> str:
+def _gpu(dist_env) -> int | None:
+    return dist_env.device.index if dist_env.is_gpu else None
+
+
+def _wrong(dist_env, what: str, count: int, found: torch.Tensor, want: torch.Tensor, ulps: int = 0
+           ) -> Finding | None:
     bad = first_mismatch(found, want, ulps)
     if bad is None:
-        return ""
-    return (f"{what}, count {count} ({count * found.element_size()} B): first wrong index {bad.index}: "
-            f"found {bad.found}, expected {bad.expected} ({bad.wrong} wrong)")
+        return None
+    return data.wrong_values("collective", f"{what}, count {count} ({count * found.element_size()} B)", bad,
+                             _gpu(dist_env))
 
 
-def _verdict(failures: list[str]) -> None:
-    assert not failures, failures[0] + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else "")
+def _judged(found: list[Finding | None]) -> Judged:
+    return Judged([f for f in found if f], hint=HINT)
 
 
-@pytest.mark.check(FULL, Needs(), fails_as=("interconnect", "triage"))
 def test_barrier(dist_env, settings, report):
     faults.stop_if_asked(settings, dist_env.rank)
     start = time.perf_counter()
@@ -110,7 +114,7 @@ def test_barrier(dist_env, settings, report):
 def test_all_reduce(op, dtype_name, dist_env, settings, report):
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     _skip_unsupported(op, dtype, dist_env)
-    ulps, failures, counts = _ulps(op, dtype, world), [], _counts(_max_bytes(settings, dist_env), dtype)
+    ulps, found, counts = _ulps(op, dtype, world), [], _counts(_max_bytes(settings, dist_env), dtype)
     for count in counts:
         inputs = rank_input(op, rank, world, count + len(PLACEMENTS) - 1, dtype, device)
         answers = expected(op, world, count + len(PLACEMENTS) - 1, dtype, device)
@@ -123,17 +127,18 @@ def test_all_reduce(op, dtype_name, dist_env, settings, report):
             else:
                 result = funcol.wait_tensor(funcol.all_reduce(buffer, op, dist.group.WORLD))
                 if not torch.equal(buffer, mine):
-                    failures.append(f"rank {rank}, op {op}, dtype {dtype_name}, count {count}, out-of-place: "
-                                    "the input buffer was modified")
+                    found.append(data.wrong_data("collective", f"rank {rank}, op {op}, dtype {dtype_name}, count "
+                                                 f"{count}, out-of-place", "its input buffer", "left as it was",
+                                                 "changed by the collective", _gpu(dist_env)))
             if faults.active(settings, "allreduce-add-one", rank):
                 result = result + 1
             placement = f"{'in-place' if in_place else 'out-of-place'}, offset {offset}, call {call}"
-            failures.append(_wrong(f"rank {rank}, op {op}, dtype {dtype_name}, {placement}", count, result, want, ulps))
+            found.append(_wrong(dist_env, f"rank {rank}, op {op}, dtype {dtype_name}, {placement}", count, result,
+                                want, ulps))
         _sync(dist_env)
     report.figure("largest", counts[-1] * torch.tensor([], dtype=dtype).element_size(), "B")
     report.figure("cases", len(counts) * len(PLACEMENTS))
-    report.hint(HINT)
-    _verdict([f for f in failures if f])
+    return _judged(found)
 
 
 def _dtypes_for(op: str, dist_env) -> list[str]:
@@ -150,7 +155,7 @@ def _other_max_bytes(settings, dist_env) -> int:
 
 @pytest.mark.parametrize("op", OP_PARAMS)
 def test_reduce_scatter(op, dist_env, settings, report):
-    rank, world, device, failures, cases = dist_env.rank, dist_env.world_size, dist_env.device, [], 0
+    rank, world, device, found, cases = dist_env.rank, dist_env.world_size, dist_env.device, [], 0
     dtype_names = _dtypes_for(op, dist_env)
     for dtype_name in dtype_names:
         dtype, ulps = DTYPES[dtype_name], _ulps(op, DTYPES[dtype_name], world)
@@ -161,19 +166,18 @@ def test_reduce_scatter(op, dist_env, settings, report):
                 output = torch.empty(count, dtype=dtype, device=device)
                 dist.reduce_scatter_tensor(output, call_window(inputs, call, count * world), op=OPS[op])
                 want = call_window(answers, call + rank * count, count)
-                failures.append(_wrong(f"rank {rank}, reduce_scatter {op}, dtype {dtype_name}, call {call}, per rank",
-                                       count, output, want, ulps))
+                found.append(_wrong(dist_env, f"rank {rank}, reduce_scatter {op}, dtype {dtype_name}, call {call}, "
+                                    "per rank", count, output, want, ulps))
                 cases += 1
             _sync(dist_env)
     report.figure("dtypes", ",".join(dtype_names))
     report.figure("cases", cases)
-    report.hint(HINT)
-    _verdict([f for f in failures if f])
+    return _judged(found)
 
 
 @pytest.mark.parametrize("op", OP_PARAMS)
 def test_reduce(op, dist_env, settings, report):
-    rank, world, device, failures, cases = dist_env.rank, dist_env.world_size, dist_env.device, [], 0
+    rank, world, device, found, cases = dist_env.rank, dist_env.world_size, dist_env.device, [], 0
     root = world - 1  # not rank 0: a root-0-only bug would hide otherwise
     dtype_names = _dtypes_for(op, dist_env)
     for dtype_name in dtype_names:
@@ -185,36 +189,35 @@ def test_reduce(op, dist_env, settings, report):
                 buffer = call_window(inputs, call, count).clone()
                 dist.reduce(buffer, dst=root, op=OPS[op])
                 if rank == root:
-                    failures.append(_wrong(f"rank {rank} (root), reduce {op}, dtype {dtype_name}, call {call}", count,
-                                           buffer, call_window(answers, call, count), ulps))
+                    found.append(_wrong(dist_env, f"rank {rank} (root), reduce {op}, dtype {dtype_name}, call {call}",
+                                        count, buffer, call_window(answers, call, count), ulps))
                 cases += 1
             _sync(dist_env)
     report.figure("dtypes", ",".join(dtype_names))
     report.figure("cases", cases)
-    report.hint(HINT)
-    _verdict([f for f in failures if f])
+    return _judged(found)
 
 
 @pytest.mark.parametrize("dtype_name", OTHER_DTYPES)
 def test_broadcast(dtype_name, dist_env, settings, report):
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
     root = world - 1
-    failures = []
+    found = []
     for count in _counts(_max_bytes(settings, dist_env), torch.int64)[-4:]:
         sent = dense_input(root, count + CALLS - 1, dtype, device)
         for call in range(CALLS):
             want = call_window(sent, call, count)
             buffer = _placed(want if rank == root else torch.zeros_like(want), 1)
             dist.broadcast(buffer, src=root)
-            failures.append(_wrong(f"rank {rank}, broadcast from {root}, dtype {dtype_name}, call {call}", count,
-                                   buffer, want))
-    _verdict([f for f in failures if f])
+            found.append(_wrong(dist_env, f"rank {rank}, broadcast from {root}, dtype {dtype_name}, call {call}",
+                                count, buffer, want))
+    return _judged(found)
 
 
 @pytest.mark.parametrize("dtype_name", OTHER_DTYPES)
 def test_all_gather(dtype_name, dist_env, settings, report):
     dtype, rank, world, device = DTYPES[dtype_name], dist_env.rank, dist_env.world_size, dist_env.device
-    failures = []
+    found = []
     for count in _counts(_max_bytes(settings, dist_env) // world, torch.int64)[-4:]:
         sent = [dense_input(r, count + CALLS - 1, dtype, device) for r in range(world)]
         for call in range(CALLS):
@@ -223,10 +226,10 @@ def test_all_gather(dtype_name, dist_env, settings, report):
             dist.all_gather_into_tensor(output, call_window(sent[rank], call, count))
             bad = first_mismatch(output, want)
             if bad:
-                failures.append(f"rank {rank}, all_gather, dtype {dtype_name}, call {call}, count {count} per rank: "
-                                f"first wrong index {bad.index} (from rank {bad.index // count}): found {bad.found}, "
-                                f"expected {bad.expected}")
-    _verdict(failures)
+                found.append(data.wrong_values("collective", f"rank {rank}, all_gather, dtype {dtype_name}, call "
+                                               f"{call}, count {count} per rank", bad, _gpu(dist_env),
+                                               f"index {bad.index} (from rank {bad.index // count})"))
+    return _judged(found)
 
 
 # --- the data paths of model parallelism: all_to_all (expert / sequence parallelism), send/recv (pipelines) ---
@@ -251,8 +254,7 @@ def _splits(world: int, count: int, even: bool) -> list[list[int]]:
 
 
 def _moved_wrong(dist_env, wrong: list[tuple[str, str, object]]) -> Judged:
-    gpu = dist_env.device.index if dist_env.is_gpu else None
-    return Judged([data.wrong_bytes(path, what, bad, gpu) for path, what, bad in wrong], hint=HINT)
+    return _judged([data.wrong_bytes(path, what, bad, _gpu(dist_env)) for path, what, bad in wrong])
 
 
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
@@ -280,7 +282,7 @@ def test_all_to_all_single(splits, dtype_name, dist_env, report):
     return _moved_wrong(dist_env, wrong)
 
 
-@pytest.mark.check(FULL, Needs(ranks=2), fails_as=("interconnect", "isolate"))
+@pytest.mark.check(FULL, Needs(ranks=2))
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_send_recv_between_every_pair(dtype_name, dist_env, report):
     """Every ordered pair of ranks, both directions at once (a pipeline's activations forward, gradients back),

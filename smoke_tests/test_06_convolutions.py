@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from stackproof.judge import known_answers as recipe
 from stackproof.judge import software
+from stackproof.judge.findings import Finding, Judged
 from stackproof.judge.promise import FULL, Needs
 
 pytestmark = pytest.mark.check(FULL, Needs())
@@ -44,7 +45,7 @@ def _reference(x: torch.Tensor, w: torch.Tensor, stride: int, padding: int) -> t
     return product(flat, columns), product(flat.abs(), columns.abs())
 
 
-def _cudnn_runs_the_convolutions(device: torch.device, dtype: torch.dtype, report) -> None:
+def _cudnn_runs_the_convolutions(device: torch.device, dtype: torch.dtype, report) -> Finding | None:
     """cuDNN is enabled, and torch dispatches a convolution to it (aten::cudnn_convolution in the profiler's
     CPU-side op list; no CUPTI needed): else the answers below would be another backend's."""
     x = torch.ones(1, 8, 8, 8, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
@@ -55,15 +56,13 @@ def _cudnn_runs_the_convolutions(device: torch.device, dtype: torch.dtype, repor
     used = "aten::cudnn_convolution" in ops
     report.figure("cudnn_used", used)
     if torch.backends.cudnn.enabled and torch.backends.cudnn.is_available() and used:
-        return
-    finding = software.pins("convolutions run on cuDNN", "torch.backends.cudnn enabled and available, and "
+        return None
+    return software.pins("convolutions run on cuDNN", "torch.backends.cudnn enabled and available, and "
                             "aten::cudnn_convolution dispatched",
                             f"enabled={torch.backends.cudnn.enabled}, available={torch.backends.cudnn.is_available()}, "
                             f"convolution ops: {sorted(op for op in ops if 'conv' in op)}",
                             "load the image's cuDNN (pins::native_library_comes_from_its_wheel) and leave "
                             "torch.backends.cudnn.enabled on")
-    report.found(finding)
-    pytest.fail(str(finding))
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
@@ -72,8 +71,8 @@ def test_convolutions_give_the_known_answer(dtype_name, dist_env, report):
     generator = torch.Generator().manual_seed(2026 + dist_env.rank)
     shrink, batch = (1 if dist_env.is_gpu else CPU_SHRINK), BATCH[device.type]
     failures, worst = [], 0.0
-    if dist_env.is_gpu:
-        _cudnn_runs_the_convolutions(device, dtype, report)
+    if dist_env.is_gpu and (not_cudnn := _cudnn_runs_the_convolutions(device, dtype, report)):
+        return Judged([not_cudnn], hint=software.CONVOLUTIONS_WRONG)
     for c_in, c_out, kernel, stride, size in recipe.RESNET50_CONVS:
         size = max(size // shrink, kernel)
         x = torch.randint(-2, 3, (batch, c_in, size, size), generator=generator).to(device, dtype)
@@ -96,8 +95,6 @@ def test_convolutions_give_the_known_answer(dtype_name, dist_env, report):
     report.figure("worst_relative_error", f"{worst:.2g}")
     said = f"{_backend(device)}, {dtype_name}, channels_last: " + "; ".join(failures[:3]) + (
         f" (and {len(failures) - 3} more shapes)" if len(failures) > 3 else "")
-    if failures:
-        report.found(software.wrong_convolutions(_backend(device), dist_env.is_gpu, said,
-                                                 device.index if dist_env.is_gpu else None))
-    report.hint(software.CONVOLUTIONS_WRONG)
-    assert not failures, said
+    return Judged([software.wrong_convolutions(_backend(device), dist_env.is_gpu, said,
+                                               device.index if dist_env.is_gpu else None)] if failures else [],
+                  hint=software.CONVOLUTIONS_WRONG)

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from stackproof.judge import software
+from stackproof.judge.findings import Judged
 from stackproof.judge.promise import FULL, Needs
 
-pytestmark = pytest.mark.check(FULL, Needs(), fails_as=("software-pins", "triage"))
+pytestmark = pytest.mark.check(FULL, Needs())
 
 CALLS = 3  # the first call compiles; the later ones reuse the kernels on new data
 
@@ -56,8 +57,7 @@ def test_torch_compile_matches_eager(dist_env, report):
     torch._dynamo.reset()
     counters.clear()
     metrics.reset()
-    backend = "Triton" if dist_env.is_gpu else "C++"
-    report.hint(_hint(dist_env.is_gpu))
+    backend, fix = "Triton" if dist_env.is_gpu else "C++", _hint(dist_env.is_gpu)
     generator = torch.Generator().manual_seed(7)
     inputs = [[torch.randn(64, 256, generator=generator).to(dist_env.device) for _ in range(2)] for _ in range(CALLS)]
     compiled = torch.compile(pointwise_and_reduction, backend="inductor", fullgraph=True, dynamic=False)
@@ -68,9 +68,9 @@ def test_torch_compile_matches_eager(dist_env, report):
             found = [compiled(x, y) for x, y in inputs]
     except Exception as err:  # inductor wraps the compiler's failure; its first line names it
         if "no compiled frames" in str(err):  # fullgraph and a disabled dynamo (TORCH_COMPILE_DISABLE=1)
-            report.found(software.compile_proof({k: dict(v) for k, v in counters.items()}, 0, backend))
-        pytest.fail(f"torch.compile (inductor, {backend} on {dist_env.device.type}) failed: "
-                    f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
+            return Judged([software.compile_proof({k: dict(v) for k, v in counters.items()}, 0, backend)], hint=fix)
+        said = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        return Judged([software.compile_failed(backend, dist_env.device.type, said, fix)], hint=fix)
     if dist_env.is_gpu:
         torch.cuda.synchronize(dist_env.device)
     report.figure("compile", round(time.perf_counter() - started, 2), "s")
@@ -80,9 +80,18 @@ def test_torch_compile_matches_eager(dist_env, report):
     report.figure("generated_kernels", metrics.generated_kernel_count)
     eager = software.compile_proof({k: dict(v) for k, v in counters.items()}, metrics.generated_kernel_count,
                                    backend)
+    gpu = dist_env.device.index if dist_env.is_gpu else None
     if eager is not None:
-        report.found(eager)
-        pytest.fail(str(eager))
-    for call, ((x, y), result) in enumerate(zip(inputs, found, strict=True)):
-        torch.testing.assert_close(result, pointwise_and_reduction(x, y),
-                                   msg=lambda m, call=call: f"call {call + 1} of {CALLS}: compiled != eager: {m}")
+        return Judged([eager], hint=fix)
+    return Judged([software.compiled_differs(call + 1, CALLS, differs, gpu) for call, ((x, y), result) in
+                   enumerate(zip(inputs, found, strict=True))
+                   if (differs := _differs(result, pointwise_and_reduction(x, y)))][:1], hint=fix)
+
+
+def _differs(found: torch.Tensor, want: torch.Tensor) -> str:
+    """torch.testing's words on how `found` differs from `want` ('' when within its tolerance)."""
+    try:
+        torch.testing.assert_close(found, want)
+    except AssertionError as err:
+        return " ".join(str(err).split())
+    return ""

@@ -53,4 +53,5 @@ def test_a_small_dev_shm_is_caught_with_the_flag_that_fixes_it(built, tmp_path):
                               flags=["--shm-size=64m"])  # Docker's default size, spelled out
     assert proc.returncode == 1, proc.stdout[-3000:]
     message = next(c for c in report["checks"] if c["name"] == "host::dev_shm_is_large_enough")
-    assert "/dev/shm is 64 MiB" in message["message"] and "--ipc=host" in message["hint"]
+    assert "/dev/shm size: expected >= " in message["message"] and "found 64 MiB" in message["message"]
+    assert "--ipc=host" in message["hint"]

@@ -159,7 +159,7 @@ def test_slow_node_n2_is_named_by_the_pairs_and_as_a_straggler(trio, tmp_path):
                for r in report["tables"]["pairwise_nodes"])
     late = [c for name, c in checks.items() if name.startswith("stragglers::")]
     assert late and all(c["outcome"] == "failed" and c["failed_ranks"] == [1] for c in late), late
-    assert "straggler: n2" in late[0]["message"]
+    assert "n2: rank 1: straggler in " in late[0]["message"]
     nodes = _nodes(report)
     assert nodes["n2"]["verdict"] == "FAIL" and nodes["n1"]["verdict"] == nodes["n3"]["verdict"] == "PASS"
     assert re.search(r"^  n2 +FAIL .*pairwise::node_pairs", output, re.M), output[-3000:]

@@ -58,20 +58,19 @@ def test_a_declaration_promises_what_its_tier_can_judge_unless_optional():
     assert not gloo.promised("full", cpu, ALL, api) and gloo.promised("full", gpu, ALL, api)
     sag = Declaration(SOAK, optional="shared cores", optional_on=("cpu",), promised_by="burn_sag")
     assert not sag.promised("burn", cpu, {"burn_sag": None}, api) and sag.promised("burn", cpu, {"burn_sag": .1}, api)
-    round_trip = Declaration(FULL, Needs(gpu=True, ranks=2), fails_as=("interconnect", "isolate"), optional="why",
-                             optional_on=("cpu",), promised_by="x")
+    round_trip = Declaration(FULL, Needs(gpu=True, ranks=2), optional="why", optional_on=("cpu",), promised_by="x")
     assert Declaration.from_json(json.loads(json.dumps(round_trip.to_json()))) == round_trip
-    assert Declaration.from_json({"tiers": ["full"]}).fails_as == promise.UNCLASSIFIED  # a report from before
+    older = {"tiers": ["full"], "fails_as": ["interconnect", "isolate"]}  # a report from before: read past
+    assert Declaration.from_json(older) == Declaration(FULL)
 
 
-def test_a_declaration_of_no_known_tier_or_class_is_refused():
+def test_a_declaration_of_no_known_tier_is_refused():
     with pytest.raises(ConfigError, match="expected tiers among"):
         Declaration(("nightly",))
     with pytest.raises(ConfigError, match="found no tier"):
         Declaration(())
-    for wrong in (("tool-error", "triage"), ("gpu-hardware", "drain"), ("gpu-hardware",)):
-        with pytest.raises(ConfigError, match=r"expected fails_as=\(category, severity\)"):
-            Declaration(FAST, fails_as=wrong)
+    with pytest.raises(TypeError):  # what a failure means is its findings', declared nowhere else
+        Declaration(FAST, fails_as=("performance", "triage"))
 
 
 # --- the suite's own declarations --------------------------------------------------------------------------------
@@ -229,31 +228,36 @@ def test_k_per_gpu_on_a_cpu_host_does_not_exit_0(tmp_path):
     assert "# Verdict: FAILED (exit code 4" in proc.stdout
 
 
-DECLARED_CLASS = """import pytest
+BARE = """import pytest
 from stackproof.judge.promise import FAST, Needs
 
-@pytest.mark.check(FAST, Needs(), fails_as=("performance", "triage"))
-def test_slow():
-    assert 1 > 2, "a figure below its bar"
+@pytest.fixture
+def reading():
+    pytest.fail("NVML could not read the GPU")
 
 @pytest.mark.check(FAST, Needs())
 def test_says_nothing_of_its_failure():
     assert 1 > 2, "something off"
+
+@pytest.mark.check(FAST, Needs())
+def test_its_reading_failed(reading):
+    pass
 """
 
 
-def test_a_bare_assertion_fails_as_its_check_declares(tmp_path):
-    """The class a failing assertion gets is the check's declaration's (fails_as), and unclassified without one:
-    it decides what is done to the node (an alert for both here, never a drain)."""
+def test_a_bare_assertion_is_unclassified(tmp_path):
+    """An assertion no judge step made (an assert in a test, a fixture's pytest.fail) says nothing of the machine:
+    unclassified, an alert, never a drain."""
     suite = tmp_path / "suite"
     suite.mkdir()
-    (suite / "test_01_declared.py").write_text(DECLARED_CLASS)
-    proc, report = validate(tmp_path, "--nproc", "1", "-k", "declared", "--", str(suite))
+    (suite / "test_01_bare.py").write_text(BARE)
+    proc, report = validate(tmp_path, "--nproc", "1", "-k", "bare", "--", str(suite))
     assert proc.returncode == Exit.FAILED, proc.stdout[-2000:] + proc.stderr[-2000:]
     found = {check["name"]: [(f["category"], f["severity"], f["found"]) for f in check["findings"]]
              for check in report["checks"]}
-    assert found == {"declared::slow": [("performance", "triage", "a figure below its bar")],
-                     "declared::says_nothing_of_its_failure": [("unclassified", "triage", "something off")]}, found
+    assert found == {"bare::says_nothing_of_its_failure": [("unclassified", "triage", "something off")],
+                     "bare::its_reading_failed": [("unclassified", "triage",
+                                                   "Failed: NVML could not read the GPU")]}, found
 
 
 JUDGED = """import pytest
@@ -262,7 +266,7 @@ from stackproof.judge.promise import FAST, Needs
 
 LINK = Finding(0, "GPU-1", "NVLink", "18 links up", "17", "interconnect", "reset", "reseat the bridge")
 
-@pytest.mark.check(FAST, Needs(), fails_as=("performance", "triage"))
+@pytest.mark.check(FAST, Needs())
 def test_finds_a_link_down():
     return Judged([LINK], hint="nvidia-smi nvlink -s shows it", where="node n1")
 
@@ -278,7 +282,7 @@ def test_returns_what_no_check_returns():
 
 def test_a_check_returns_its_judgement_and_the_runner_hands_it_over(tmp_path):
     """A check's one interface: it returns its judge step's Judged, and the runner records the hint and the
-    findings (theirs decide, not fails_as) and fails the check with them; nothing found passes; any other return is
+    findings (their class decides) and fails the check with them; nothing found passes; any other return is
     the tool's own error, never a pass."""
     suite = tmp_path / "suite"
     suite.mkdir()

@@ -18,6 +18,8 @@ BACKENDS = ("flash", "efficient", "cudnn", "math")
 TENSORS = ("out", "dq", "dk", "dv")
 ATTENTION_ULPS = 4  # roundings a kernel may make per element (P, dP, dS, the output), each at most one unit
 # The words sdpa raises when a backend does not serve this shape, dtype or device: a reading, not a failure.
+WRONG_ANSWER = ("an attention kernel gave a wrong answer: the image's flash-attention / cuDNN / CUTLASS build for "
+                "this GPU, or the GPU itself (run the burn tier)")
 UNSUPPORTED = ("No available kernel", "No viable backend")
 
 

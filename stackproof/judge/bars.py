@@ -85,6 +85,10 @@ def link_capacity(gpu: Gpu, peers: list[Gpu]) -> tuple[float, str]:
 
 # --- Bars ------------------------------------------------------------------------------------------------------------
 
+BUSBW_FIX = ("busbw below the topology's bar: check NVLink/PCIe state (nvidia-smi topo -m), NCCL_P2P_DISABLE, "
+             "NCCL_IB_*; or set the bar with --min-busbw")
+
+
 def busbw_bar(gpus: list[Gpu], num_nodes: int, fraction: float, override: float | None,
               across: Bar | None = None) -> Bar:
     """The busbw the largest all_reduce must reach: `override` if given, else `fraction` of the slowest GPU's

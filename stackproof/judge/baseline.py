@@ -14,6 +14,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from stackproof.judge.findings import Finding
+
 # Which way is better, by unit: the one place that says it.
 UNIT_BETTER = {**dict.fromkeys(("GB/s", "TB/s", "MB/s", "TFLOP/s", "GFLOP/s", "img/s"), "higher"),
                **dict.fromkeys(("us", "ms", "s"), "lower")}
@@ -35,6 +37,8 @@ NOT_OWN = {
     "slowest_pair": "the job's slowest pair: a slow peer or link lowers it on every rank",
 }
 KEY_FIELDS = ("gpu", "ranks_per_node", "nodes", "link")
+WORSE_FIX = ("a figure fell below the machine's own known-good runs: compare the node's GPUs, links and clocks with "
+             "a good node; if the change is intended (new image, new driver), make the baseline again")
 
 
 def is_bar(name: str) -> bool:
@@ -164,3 +168,9 @@ def regressions(report: dict[str, Any], entry: dict[str, Any], override: float |
                         f"{base['unit']} (median of {base.get('samples', '?')}; {better} is better), tolerance "
                         f"{tolerance:.0%} ({source})")
     return compared, found_worse
+
+
+def worse_findings(lines: Iterable[str], gpu_index: int | None) -> list[Finding]:
+    """One finding for each figure of a rank that regressions found worse than its baseline."""
+    return [Finding(gpu_index, "", "figures against --baseline", "each figure within its tolerance of the "
+                    "known-good runs' median", line, "performance", "triage", WORSE_FIX) for line in lines]

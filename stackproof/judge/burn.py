@@ -230,6 +230,11 @@ def reasons_seen(samples: Sequence[dict]) -> int | None:
     return seen
 
 
+GEMM_FIX = "drain the node and run the GPU vendor's diagnostic (dcgmi diag -r 3) on the GPU named"
+DATA_FIX = ("drain the node; for memory: nvidia-smi -q -d ROW_REMAPPER after a GPU reset; for copies: the PCIe link's "
+            "AER errors (lspci -vv) and the host's memory ECC")
+
+
 def too_short(what: str, ended: str) -> Finding:
     """A soak that ended before anything was checked: said of its own length, never of the GPU (a GPU that stalled
     is the throughput check's and the watchdog's to name): an alert, never a drain."""

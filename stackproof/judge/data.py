@@ -47,3 +47,10 @@ def wrong_bytes(path: str, what: str, wrong, gpu_index: int | None = None, uuid:
     """A finding from measure.patterns.WrongBytes (offset, expected, found, wrong, nbytes)."""
     return wrong_data(path, what, f"byte {wrong.offset} of {wrong.nbytes}", f"0x{wrong.expected:02x}",
                       f"0x{wrong.found:02x} ({wrong.wrong} byte(s) wrong in that chunk)", gpu_index, uuid)
+
+
+def wrong_values(path: str, what: str, wrong, gpu_index: int | None = None, where: str = "") -> Finding:
+    """A finding from measure.known_answers.Mismatch (index, found, expected, wrong): the first element off its
+    known answer. `where`: the element, when more than its index says (which rank sent it)."""
+    return wrong_data(path, what, where or f"index {wrong.index}", f"{wrong.expected}",
+                      f"{wrong.found} ({wrong.wrong} element(s) wrong)", gpu_index)

@@ -77,3 +77,24 @@ def gpus_lost(expected: Expected, seen: int) -> Finding:
     """The node's finding when lost_by_the_node: GPUs the scheduler allocated or the PCI bus shows, not visible."""
     return Finding(None, "", "GPUs visible", f">= {expected.count} GPU(s) ({expected.why})", f"{seen}",
                    "gpu-hardware", "isolate", lost_gpu_fix())
+
+
+VISIBILITY_FIX = "check --gpus / CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES, and nvidia-smi on the host"
+
+
+def seen_findings(expected: Expected, torch_count: int, nvml_visible: int, nvml_total: int, on_the_bus: int,
+                  cuda_visible: str | None, not_to_nvml: Sequence[str] = ()) -> list[Finding]:
+    """What torch and NVML see against what was expected: GPUs the scheduler allocated or the bus shows, lost
+    (the node's fault: gpus_lost); else torch and NVML disagreeing, or fewer than a flag or a launch asked for
+    (the flag's or the launch's: configuration)."""
+    if lost_by_the_node(expected, torch_count, on_the_bus):
+        return [gpus_lost(expected, torch_count)]
+    if torch_count != nvml_visible:
+        return [Finding(None, "", "GPUs visible to torch and NVML", f"torch.cuda.device_count() = NVML's "
+                        f"{nvml_visible} visible (CUDA_VISIBLE_DEVICES={cuda_visible}, NVML total {nvml_total})",
+                        f"{torch_count}", "configuration", "triage", VISIBILITY_FIX)]
+    if torch_count < expected.count:
+        gone = f"; on the bus but not to NVML: {', '.join(not_to_nvml)}" if not_to_nvml else ""
+        return [Finding(None, "", "GPUs visible", f">= {expected.count} GPU(s) ({expected.why})",
+                        f"{torch_count}{gone}", "configuration", "triage", VISIBILITY_FIX)]
+    return []

@@ -116,6 +116,26 @@ def port_findings(fabric: Mapping[str, Any], expect: Mapping[str, Any], max_link
     return found
 
 
+# --- the transport NCCL chose -------------------------------------------------------------------------------------
+
+P2P_FIX = "NVLink is up but NCCL avoided P2P: unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL, check IOMMU/ACS"
+UNLOGGED_FIX = ("leave NCCL_DEBUG and NCCL_DEBUG_SUBSYS to stackproof (it asks NCCL for INIT logs), and check that the "
+                "log folder is writable")
+
+
+def local_transport_findings(transports: Sequence[str], kinds: Sequence[str], nvlink_up: bool, num_nodes: int,
+                             log: str) -> list[Finding]:
+    """On one node: NCCL said which transport it chose (`transports`, read from `log`; `kinds` their kinds),
+    and with NVLink up on every GPU it chose P2P."""
+    if not transports:
+        return [_finding("NCCL transport", f"NCCL's transport choice in its log {log}", "none logged",
+                         "configuration", "triage", UNLOGGED_FIX)]
+    if nvlink_up and num_nodes == 1 and "P2P" not in kinds:
+        return [_finding("NCCL transport", "P2P (NVLink is up on every GPU)", ", ".join(transports),
+                         "configuration", "triage", P2P_FIX)]
+    return []
+
+
 # --- the transport across nodes ----------------------------------------------------------------------------------
 
 def transport_findings(transports: Sequence[str], num_nodes: int, fabrics: Mapping[str, Mapping[str, Any]],

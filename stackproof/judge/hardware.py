@@ -137,3 +137,20 @@ def after_a_signal(rank: int, died_on: str, gpu: Gpu, gpus_now: list[Gpu] | None
                         "drain the node; check the kernel log for Xid 79 on this GPU and nvidia-smi; reboot; if it "
                         "recurs, " + RMA), *xid_findings]
     return [*findings(same[0], gpus_now), *xid_findings]
+
+
+# --- the host around the GPUs ---------------------------------------------------------------------------------------
+
+SHM_FIX = ("run the container with --ipc=host (or --shm-size=8g); Kubernetes: an emptyDir with medium: Memory mounted "
+           "at /dev/shm")
+
+
+def shm_too_small(size_bytes: int, minimum_bytes: int) -> list[Finding]:
+    """/dev/shm smaller than NCCL's SHM transport and DataLoader workers need (Docker's default is 64 MiB: they
+    then fail mid-run with "unable to write to file </torch_...>")."""
+    if size_bytes >= minimum_bytes:
+        return []
+    mib = 1 << 20
+    return [Finding(None, "", "/dev/shm size", f">= {minimum_bytes / mib:.0f} MiB (--min-shm, "
+                    "STACKPROOF_MIN_SHM_BYTES) for NCCL and DataLoader workers", f"{size_bytes / mib:.0f} MiB",
+                    "configuration", "triage", SHM_FIX)]

@@ -4,6 +4,11 @@ runs on them. Pure: ranks and index arrays in, ranks and values out (+ - * // % 
 
 from __future__ import annotations
 
+from stackproof.judge.findings import Finding
+
+WRONG_ON_A_GROUP = ("a collective on a sub-group gave a wrong answer: the group's communicator (NCCL_* split "
+                    "settings, ncclCommSplit), the driver/NCCL pair, or the link between these ranks")
+
 AXES = ("dp", "pp", "tp")  # outermost first: rank = (dp_index * pp + pp_index) * tp + tp_index
 VALUE_PERIOD = 13  # group_value is -6..6: a sum over up to 42 ranks (<= 252) is exact in bf16
 
@@ -68,3 +73,11 @@ def pipeline_neighbours(rank: int, shape: dict[str, int]) -> tuple[int | None, i
     before = rank_of({**coords, "pp": coords["pp"] - 1}, shape) if coords["pp"] > 0 else None
     after = rank_of({**coords, "pp": coords["pp"] + 1}, shape) if coords["pp"] < shape["pp"] - 1 else None
     return before, after
+
+
+def wrong_on_group(axis: str, members: list[int], rank: int, wrong: list[str], gpu_index: int | None) -> Finding:
+    """The collectives of one axis's group that gave this rank a wrong answer (measure/parallel_groups.py says
+    each): on the group's links or its communicator, for someone to look at."""
+    said = "; ".join(wrong[:3]) + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else "")
+    return Finding(gpu_index, "", f"collectives on the {axis} group", f"the known answer of each collective on "
+                   f"group {members} at rank {rank}", said, "interconnect", "triage", WRONG_ON_A_GROUP)

@@ -88,6 +88,21 @@ def computes_wrong(gpu_index: int, uuid: str, what: str, found: str) -> Finding:
     return Finding(gpu_index, uuid, what, "the exact answer", found, "gpu-hardware", "isolate", COMPUTES_WRONG)
 
 
+MEMTEST_SHORT_FIX = ("free the GPU's memory (another process holds it: nvidia-smi) and run again; if none does, the "
+                     "allocator's pieces were too small: run DCGM's memory test (dcgmi diag -r 3)")
+
+
+def memtest_short(gpu_index: int, uuid: str, tested_bytes: int, free_bytes: int, chunk_bytes: int) -> list[Finding]:
+    """A memory test that could take less than half the free memory has not tested the GPU: to say, not a pass."""
+    if tested_bytes >= free_bytes // 2:
+        return []
+    gib = 1 << 30
+    return [Finding(gpu_index, uuid, "memory test coverage", f"at least half of the {free_bytes / gib:.1f} GiB free "
+                    "tested", f"{tested_bytes / gib:.1f} GiB (the allocator's pieces are smaller than "
+                    f"{chunk_bytes >> 20} MiB, or another process took the memory meanwhile)", "configuration",
+                    "triage", MEMTEST_SHORT_FIX)]
+
+
 def below_bar(gpu_index: int, uuid: str, what: str, value: float, bar: Bar, scale: float, unit: str, action: str,
               category: str = "performance", digits: int = 2, why: str = "") -> list[Finding]:
     """A finding when a GPU's figure is below its bar (none without a bar); `why`: what the GPU said of it (clocks

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from stackproof.errors import ConfigError
-from stackproof.judge.findings import CATEGORIES, SEVERITIES
 
 HOST_KINDS = ("gpu", "cpu")
 JUDGED = ("passed", "failed")
@@ -87,19 +86,16 @@ class Needs:
                 if getattr(self, f.name) != getattr(default, f.name)}
 
 
-UNCLASSIFIED = ("unclassified", "triage")
-CHECK_CATEGORIES = tuple(c for c in CATEGORIES if c != "tool-error")  # a tool error is no check's judgement
 
 
 @dataclasses.dataclass(frozen=True)
 class Declaration:
-    """One check's declaration: `pytest.mark.check(tiers, needs, fails_as=..., optional=..., optional_on=...)`."""
+    """One check's declaration: `pytest.mark.check(tiers, needs, optional=..., optional_on=..., promised_by=...)`.
+    What its failure means is not declared: its judge step's findings carry their own class (judge/findings.py
+    Judged); a bare assertion is unclassified, an exception judge/exceptions.py's."""
 
     tiers: tuple[str, ...]
     needs: Needs = Needs()
-    # What the check's assertion failing means for the machine: (category, severity), judge/findings.py's words.
-    # A finding the check hands over carries its own; an exception that is no assertion is judge/exceptions.py's.
-    fails_as: tuple[str, str] = UNCLASSIFIED
     # Why a run that has the needs may still not judge it, on a healthy machine; empty: promised.
     optional: str = ""
     optional_on: tuple[str, ...] = HOST_KINDS  # the host kinds `optional` holds on
@@ -111,11 +107,6 @@ class Declaration:
             raise ConfigError(f"a check declaration: expected tiers among {TIERS} and host kinds among "
                               f"{HOST_KINDS}, found {unknown or 'no tier'}; fix: declare it with "
                               "stackproof.judge.promise's FAST, FULL or SOAK")
-        declared = tuple(self.fails_as)
-        if len(declared) != 2 or declared[0] not in CHECK_CATEGORIES or declared[1] not in SEVERITIES:
-            raise ConfigError(f"a check declaration: expected fails_as=(category, severity) among {CHECK_CATEGORIES} "
-                              f"and {SEVERITIES}, found {self.fails_as}; fix: see stackproof/judge/findings.py")
-        object.__setattr__(self, "fails_as", declared)
 
     def promised(self, tier: str, world: World, settings: Mapping[str, Any],
                  has_api: Callable[[str], bool]) -> bool:
@@ -125,8 +116,7 @@ class Declaration:
         return tier in self.tiers and self.needs.unmet(world, settings, has_api) is None and not optional
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"tiers": list(self.tiers), "needs": self.needs.to_json(),
-                                "fails_as": list(self.fails_as)}
+        data: dict[str, Any] = {"tiers": list(self.tiers), "needs": self.needs.to_json()}
         if self.optional:
             data.update(optional=self.optional, optional_on=list(self.optional_on))
         if self.promised_by:
@@ -135,8 +125,8 @@ class Declaration:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Declaration:
-        return cls(tiers=tuple(data["tiers"]), needs=Needs(**data.get("needs", {})),
-                   fails_as=tuple(data.get("fails_as", UNCLASSIFIED)), optional=data.get("optional", ""),
+        """A declaration as report.json holds it (an older report's `fails_as` is read past: nothing decides by it)."""
+        return cls(tiers=tuple(data["tiers"]), needs=Needs(**data.get("needs", {})), optional=data.get("optional", ""),
                    optional_on=tuple(data.get("optional_on", HOST_KINDS)), promised_by=data.get("promised_by", ""))
 
 

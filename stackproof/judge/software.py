@@ -34,6 +34,38 @@ def compile_proof(counters: dict[str, dict[str, int]], kernels: int, backend: st
                 "compiler toolchain (the check's hint); an eager fallback hides every compile failure")
 
 
+def compile_failed(backend: str, device: str, error: str, fix: str) -> Finding:
+    """torch.compile raised: inductor could not build its kernels (a compiler or headers missing, a noexec cache)."""
+    return pins("torch.compile builds kernels", f"inductor to compile and build {backend} kernels on {device}",
+                error, fix)
+
+
+def compiled_differs(call: int, calls: int, detail: str, gpu_index: int | None) -> Finding:
+    """The compiled function's answer left eager's on a later call (stale inputs, a bad cache entry)."""
+    return pins("torch.compile matches eager", f"the compiled function's answer equal to eager's (within "
+                f"torch.testing's tolerance) at every call of {calls}", f"call {call} of {calls}: compiled != eager: "
+                f"{detail}", "clear inductor's cache (TORCHINDUCTOR_CACHE_DIR) and rebuild the image from its lock; "
+                "if only one GPU differs, run the burn tier on it", gpu_index)
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split(".")[:2])
+
+
+def minor_version_compatible(built: str, driver: str) -> bool:
+    """torch built for a newer CUDA minor than the driver supports, in the same major: CUDA's minor-version
+    compatibility runs it (a note, not a fault)."""
+    return _major_minor(driver)[0] >= _major_minor(built)[0] and _major_minor(driver) < _major_minor(built)
+
+
+def driver_too_old(built: str, driver: str, driver_version: str, fix: str) -> list[Finding]:
+    """A driver whose CUDA major is below the one torch was built for: no kernel of the image runs."""
+    if _major_minor(driver)[0] >= _major_minor(built)[0]:
+        return []
+    return [Finding(None, "", "driver supports the image's CUDA", f"a driver that supports CUDA {built}",
+                    f"driver {driver_version} supports CUDA {driver} at most", "configuration", "triage", fix)]
+
+
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
 
 

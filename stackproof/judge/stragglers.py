@@ -9,6 +9,10 @@ import statistics
 from collections.abc import Sequence
 
 from stackproof.judge import sharing
+from stackproof.judge.findings import Finding
+
+LATE_FIX = ("a rank slower than its peers holds every collective up: look for a competing process (nvidia-smi), "
+            "thermal or power throttling (clock_event_reasons), a CPU-bound data loader")
 
 
 def late_ranks(seconds: Sequence[float | None], tolerance: float, gpus: Sequence[str | None] | None = None) -> dict:
@@ -35,3 +39,11 @@ def late_ranks(seconds: Sequence[float | None], tolerance: float, gpus: Sequence
         if reference > 0 and mine > reference * (1 + tolerance):
             slow.append({"rank": rank, "found": mine, "reference": reference, "ratio": mine / reference})
     return {"median": statistics.median(known.values()), "slow": slow, "judged": judged}
+
+
+def late(phase: str, slow: dict, tolerance: float, gpu_index: int | None) -> Finding:
+    """A rank late_ranks found slow (its "found", "reference" and "ratio"), as a finding on its GPU (or rank)."""
+    return Finding(gpu_index, "", f"straggler in {phase}", f"this rank's own work before the collective at most "
+                   f"+{tolerance:.0%} above the other ranks' median {slow['reference'] * 1e3:.1f} ms "
+                   "(--straggler-tolerance)", f"{slow['found'] * 1e3:.1f} ms, {(slow['ratio'] - 1) * 100:.0f}% "
+                   "above it", "performance", "triage", LATE_FIX)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from stackproof.judge.findings import Finding
+
 MODES = ("ddp", "fsdp2")
 PRECISIONS = ("float32", "bfloat16", "float16")  # float32: no autocast; float16: autocast with a GradScaler
 CHAIN_ROUNDINGS = 16  # the roundings on a gradient's path through one block, forward and backward (see above)
@@ -46,3 +48,15 @@ def problems(worst: dict[str, tuple[float, int]], what: str) -> list[str]:
     """The tensors whose worst row is outside the bound: worst maps a name to (error / bound, the row)."""
     return [f"{what} {name}: row {row} off by {ratio:.3g}x the tolerance" for name, (ratio, row) in worst.items()
             if not ratio <= 1]
+
+
+STEP_WRONG = ("a training step differs from its float64 reference: an attention / GEMM kernel (see the attention "
+              "and GEMM checks), DDP's or FSDP's gradient reduction, no_sync accumulation, or the GradScaler")
+
+
+def step_wrong(rank: int, mode: str, precision: str, wrong: list[str], gpu_index: int | None) -> Finding:
+    """A training step whose gradients or weights left their float64 reference (`wrong`: problems' lines): the
+    image's kernels or its parallelism, which the reference cannot tell apart from the GPU's: to triage."""
+    said = "; ".join(wrong[:4]) + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else "")
+    return Finding(gpu_index, "", f"{mode} {precision} training step", f"rank {rank}'s gradients and AdamW step "
+                   "within their float64 reference's tolerance", said, "software-pins", "triage", STEP_WRONG)

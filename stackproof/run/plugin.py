@@ -57,10 +57,8 @@ READINGS_KEY = pytest.StashKey[readings.Early]()
 
 @dataclasses.dataclass
 class Running:
-    """The running check, on this rank: its declared class for a bare assertion, its phases (outcome, message,
-    seconds), the figures and the findings it handed over, and the first exception that was no assertion (type
-    name, message, file:line)."""
-    fails_as: tuple[str, str] = promise.UNCLASSIFIED
+    """The running check, on this rank: its phases (outcome, message, seconds), the figures and the findings it
+    handed over, and the first exception that was no assertion (type name, message, file:line)."""
     phases: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
     figures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     found: list[Finding] = dataclasses.field(default_factory=list)
@@ -95,7 +93,7 @@ class Handover:
 
 
 class Recorder:
-    """What a check hands to the report: figures, the fix for when it fails, its findings, run-wide context."""
+    """What a check records beside its judgement: figures, run-wide context and tables, the contract's lines."""
 
     def __init__(self, config: pytest.Config, nodeid: str):
         self._config, self._nodeid = config, nodeid
@@ -104,14 +102,6 @@ class Recorder:
     def figure(self, name: str, value: float | int | str, unit: str = "") -> None:
         """On every rank: rank 0's figures are the check's; another rank's that differ are kept per rank."""
         self._config.stash[RUNNING_KEY].figures[name] = {"value": value, "unit": unit}
-
-    def hint(self, text: str) -> None:
-        self._report.check(self._nodeid).hint = text
-
-    def found(self, *findings: Finding) -> None:
-        """This rank's findings about the machine (its GPU, its node). A check that hands over any fails on this
-        rank, and they, not the check's class, decide what is done to the node."""
-        self._config.stash[RUNNING_KEY].found.extend(findings)
 
     def bad_input(self, message: str) -> None:
         """Input that turns out not to apply once the machine is known (a --baseline with no entry for it): the
@@ -136,10 +126,9 @@ class Recorder:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "check(tiers, needs, fails_as=('unclassified', 'triage'), optional='', "
-                                       "optional_on=('gpu', 'cpu')): the check's declaration "
-                                       "(stackproof/judge/promise.py): its tiers, what it needs, what its assertion "
-                                       "failing means, and why a run that has that may still not judge it")
+    config.addinivalue_line("markers", "check(tiers, needs, optional='', optional_on=('gpu', 'cpu'), "
+                                       "promised_by=''): the check's declaration (stackproof/judge/promise.py): its "
+                                       "tiers, what it needs, and why a run that has that may still not judge it")
     settings = config.stash.get(SETTINGS_KEY, None) or ValidateConfig()
     config.stash[SETTINGS_KEY] = settings
     config.stash.setdefault(STDOUT_KEY, sys.stdout)
@@ -274,7 +263,7 @@ def report(request: pytest.FixtureRequest) -> Recorder:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     config = item.config
     watchdog = config.stash[WATCHDOG_KEY]
-    config.stash[RUNNING_KEY] = Running(declaration(item).fails_as)
+    config.stash[RUNNING_KEY] = Running()
     _progress(item)
     watchdog.arm(item.nodeid)
     try:
@@ -303,20 +292,23 @@ def _progress(item: pytest.Item) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool:
-    """A check's one interface: its test measures, calls its judge step and returns the Judged (or asserts, the
-    older way). Handed over here, the same for every check: the fix, the findings, and a failure that says them."""
+    """A check's one interface: its test measures, calls its judge step and returns the Judged. Handed over here,
+    the same for every check: the fix, the findings, and a failure that says them."""
     judged = pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames})
     if judged is None:
         return True
     if not isinstance(judged, Judged):
         raise TypeError(f"{pyfuncitem.nodeid}: a check returns stackproof.judge.findings.Judged or nothing, "
                         f"found {type(judged).__name__}")
-    recorder = Recorder(pyfuncitem.config, pyfuncitem.nodeid)
+    config = pyfuncitem.config
     if judged.hint:
-        recorder.hint(judged.hint)
-    recorder.found(*judged.findings)
-    if judged.findings:
-        raise AssertionError(judged.message)
+        config.stash[REPORT_KEY].check(pyfuncitem.nodeid).hint = judged.hint
+    # This rank's findings about the machine (its GPU, its node): each fails the check here and decides what is
+    # done to the node. Stamped now, so that the failure's message names the rank and GPU as the record will.
+    found = [stamp(f, config.stash[IDENTITY_KEY], Report().check(pyfuncitem.nodeid).name) for f in judged.findings]
+    config.stash[RUNNING_KEY].found.extend(found)
+    if found:
+        raise AssertionError(dataclasses.replace(judged, findings=found).message)
     return True
 
 
@@ -377,18 +369,17 @@ def _record(item: pytest.Item) -> None:
 
 def _findings(config: pytest.Config, running: Running, nodeid: str, outcome: str, message: str) -> list[Finding]:
     """This rank's findings for the check, stamped with where they were found: those it handed over; else, when
-    it failed, its assertion as the check's declaration classes it, or the exception as judge/exceptions.py
-    reads it."""
+    it failed, the exception as judge/exceptions.py reads it, or a bare assertion (a fixture's pytest.fail, an
+    assert no judge step made), unclassified: an alert, never a drain."""
     found = list(running.found)
     name = Report().check(nodeid).name
     if not found and outcome == "failed":
         if running.error is not None:
             found = [exceptions.finding(name, *running.error)]
         else:
-            category, severity = running.fails_as
             gpu = config.stash[IDENTITY_KEY].gpu or {}
             found = [Finding(gpu.get("index"), str(gpu.get("uuid", "")), name, "the check to pass", message,
-                             category, severity, config.stash[REPORT_KEY].check(nodeid).hint or
+                             "unclassified", "triage", config.stash[REPORT_KEY].check(nodeid).hint or
                              "see the check's message and the rank's log")]
     return [stamp(f, config.stash[IDENTITY_KEY], name) for f in found]
 

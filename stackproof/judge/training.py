@@ -1,0 +1,59 @@
+"""A training job's answers, judged: DDP's shards, loss, gradients, parameters and checkpoint agree across ranks,
+and one DDP step equals its float64 reference (stackproof/measure/training.py measures; smoke_tests/
+test_06_ddp_resnet.py runs them). Pure: what the ranks measured in, findings out.
+
+Whose fault: ranks that disagree after an all_reduce point at the collective's path (a broken NCCL/driver pair or
+GPU, to triage); a sampler, a loss or a step off its known answer at the image's software (its kernels, DDP's
+hooks), which the check cannot tell apart from the GPU: to triage as well."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from stackproof.judge.findings import Finding
+
+RANKS_DISAGREE = "DDP's gradient all_reduce gave ranks different answers: a broken NCCL/driver or GPU"
+STEP_OFF = ("DDP's step differs from the same step in float64: check the convolution / BatchNorm kernels (the "
+            "convolutions check), DDP comm hooks, gradient division (gradient_predivide_factor), the start-up "
+            "broadcast (broadcast_buffers, init_sync) and the backend")
+SAMPLER = "DistributedSampler's shards: check the image's torch (torch.utils.data.distributed) and set_epoch's use"
+LOSS = "the training loop's loss: check the image's kernels (the convolutions and GEMM checks) and the optimizer"
+
+
+def _software(gpu_index: int | None, check: str, expected: str, found: str, fix: str) -> Finding:
+    return Finding(gpu_index, "", check, expected, found, "software-pins", "triage", fix)
+
+
+def shards_wrong(problems: Sequence[str], reshuffled: bool) -> list[Finding]:
+    """Each epoch's shards overlap or miss samples (training.shards_problem's words), or did not reshuffle."""
+    found = [_software(None, "DistributedSampler shards", "disjoint shards that cover the dataset",
+                       f"epoch {epoch}: {problem}", SAMPLER) for epoch, problem in enumerate(problems) if problem]
+    if not reshuffled:
+        found.append(_software(None, "DistributedSampler shards", "set_epoch to reshuffle the shards",
+                               "the same shards in epochs 0 and 1", SAMPLER))
+    return found
+
+
+def loss_wrong(losses: Sequence[float], gpu_index: int | None) -> list[Finding]:
+    """A loss that is not finite, or did not decrease over steps on one fixed batch."""
+    if not all(math.isfinite(x) for x in losses):
+        return [_software(gpu_index, "training loss", "a finite loss at every step", f"{losses}", LOSS)]
+    if not losses[-1] < losses[0]:
+        return [_software(gpu_index, "training loss", "a loss that decreases on a fixed batch", f"{losses}", LOSS)]
+    return []
+
+
+def disagrees(what: str, rank: int, gpu_index: int | None, found: str) -> Finding:
+    """This rank's `what` (gradients at a step, parameters, the reloaded checkpoint) differs from the others'."""
+    return Finding(gpu_index, "", f"DDP {what} across ranks", f"rank {rank}'s {what} equal to every other "
+                   "rank's", found, "interconnect", "triage", RANKS_DISAGREE)
+
+
+def step_off(rank: int, lr: float, problems: Sequence[str], gpu_index: int | None) -> list[Finding]:
+    """One DDP step whose parameters or buffers left the float64 reference (each problem: a tensor in words)."""
+    if not problems:
+        return []
+    said = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+    return [_software(gpu_index, "DDP step against its float64 reference", f"rank {rank} after one DDP step (SGD "
+                      f"lr {lr}, ranks seeded apart) within float32's rounding of the reference", said, STEP_OFF)]
