@@ -63,10 +63,11 @@ def test_nccls_transport_on_one_node():
     assert fabric.local_transport_findings(["SHM/direct/direct"], ["SHM"], False, 1, "log") == []
 
 
-def test_wrong_values_name_the_element_and_the_rank_it_came_from():
-    class Mismatch:
-        index, found, expected, wrong = 15, 256.0, 258.0, 3
+class Mismatch:  # measure/known_answers.py's reading of a first wrong element
+    index, found, expected, wrong = 15, 256.0, 258.0, 3
 
+
+def test_wrong_values_name_the_element_and_the_rank_it_came_from():
     [finding] = Judged([data.wrong_values("collective", "rank 0, op sum, count 1024 (2048 B)", Mismatch, 0)]).findings
     assert finding.expected == "rank 0, op sum, count 1024 (2048 B) delivered intact (index 15: 258.0)"
     assert finding.found == "index 15: 256.0 (3 element(s) wrong)" and classes([finding]) == [("interconnect",
@@ -81,9 +82,10 @@ def test_each_checks_finding_has_the_class_its_fault_deserves():
     assert late.found == "12.0 ms, 20% above it" and "+10%" in late.expected
     made = {
         "shm": hardware.shm_too_small(64 * MiB, 1024 * MiB),
-        "parallel group": [parallel_groups.wrong_on_group("tp", [0, 1], 1, ["a", "b", "c", "d"], None)],
+        "parallel group": [parallel_groups.wrong_on_group("tp", [0, 1], 1, [(f"all_reduce {n}", Mismatch, 4097)
+                                                                             for n in "abcd"], None)],
         "transformer": [transformer.step_wrong(0, "ddp", "bfloat16", ["gradient of w: row 3 off"], 0)],
-        "ddp step": training.step_off(1, 0.1, ["parameter 0.weight: 1 of 9 elements off"], None),
+        "ddp step": training.step_off(1, 0.1, ["0.weight"], {}, None),
         "ddp disagree": [training.disagrees("gradients", 1, None, "digest a, rank 0 has b")],
         "shards": training.shards_wrong(["overlap"], reshuffled=False),
         "loss": training.loss_wrong([2.0, float("nan")], None),
@@ -101,7 +103,22 @@ def test_each_checks_finding_has_the_class_its_fault_deserves():
         "loss": [("software-pins", "triage")], "compile": [("software-pins", "triage")],
         "compiled": [("software-pins", "triage")], "baseline": [("performance", "triage")],
         "busbw": [("performance", "triage")], "computes": [("gpu-hardware", "isolate")]}
-    assert made["parallel group"][0].found == "a; b; c (and 1 more)"
+    assert made["parallel group"][0].found.startswith("all_reduce a: 3 of 4097 elements wrong, first at index 15: "
+                                                      "found 256.0, expected 258.0; all_reduce b: ")
+    assert made["parallel group"][0].found.endswith("(and 1 more)")
+    assert made["ddp step"][0].found.startswith("after DDP's start-up broadcast, 1 tensors still differ")
     assert training.loss_wrong([2.0, 1.5], None) == [] and training.shards_wrong(["", ""], True) == []
     assert hardware.shm_too_small(8 * GiB, 1024 * MiB) == []
     assert made["busbw"][0].expected == ">= 20.0 GB/s (NVLink)" and made["busbw"][0].found == "10.0 GB/s"
+
+
+def test_a_ddp_step_is_judged_from_each_tensors_worst_element_against_its_bound():
+    """measure/training.py's Off per tensor: only tensors with elements beyond their bound are named."""
+    from types import SimpleNamespace as Off
+
+    within = Off(ratio=0.4, beyond=0, count=9, index=0, found=1.0, expected=1.0, bound=1e-6)
+    beyond = Off(ratio=3.0, beyond=2, count=9, index=4, found=0.5, expected=0.25, bound=1e-6)
+    assert training.step_off(0, 0.1, [], {"parameter a": within}, None) == []
+    [off] = training.step_off(0, 0.1, [], {"parameter a": within, "buffer 1.running_mean": beyond}, 0)
+    assert off.found == ("buffer 1.running_mean: 2 of 9 elements off, worst at flat index 4: found 0.5, expected "
+                         "0.25 +- 1e-06")

@@ -208,15 +208,17 @@ def test_agreement_is_one_answer_from_rank_0_and_names_missing_ranks():
 
 
 def test_shards_are_proven_disjoint_and_covering_from_summaries():
+    from stackproof.judge import training as judged_training
     from stackproof.measure import training
 
     size = 40
     good = [list(range(r, size, 4)) for r in range(4)]
-    assert training.shards_problem([training.shard_summary(s, size) for s in good], size) == ""
+    assert judged_training.shards_problem([training.shard_summary(s, size) for s in good], size) == ""
     overlap = [good[0], good[1], good[2], [*good[3][:-1], 0]]  # rank 3 holds 0 (rank 0's) instead of 39
-    assert "overlap or miss" in training.shards_problem([training.shard_summary(s, size) for s in overlap], size)
+    summaries = [training.shard_summary(s, size) for s in overlap]
+    assert "overlap or miss" in judged_training.shards_problem(summaries, size)
     short = [good[0], good[1], good[2], good[3][:-1]]
-    assert "expected 40" in training.shards_problem([training.shard_summary(s, size) for s in short], size)
+    assert "expected 40" in judged_training.shards_problem([training.shard_summary(s, size) for s in short], size)
     assert training.SyntheticImages(size, 8)[5][0].equal(training.SyntheticImages(size, 8)[5][0])
 
 

@@ -75,9 +75,12 @@ def pipeline_neighbours(rank: int, shape: dict[str, int]) -> tuple[int | None, i
     return before, after
 
 
-def wrong_on_group(axis: str, members: list[int], rank: int, wrong: list[str], gpu_index: int | None) -> Finding:
-    """The collectives of one axis's group that gave this rank a wrong answer (measure/parallel_groups.py says
-    each): on the group's links or its communicator, for someone to look at."""
-    said = "; ".join(wrong[:3]) + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else "")
+def wrong_on_group(axis: str, members: list[int], rank: int, wrong: list, gpu_index: int | None) -> Finding:
+    """The collectives of one axis's group that gave this rank a wrong answer (measure/parallel_groups.py's
+    readings: what it was, its first wrong element (index, found, expected, wrong), the elements it gave): on the
+    group's links or its communicator, for someone to look at."""
+    said = "; ".join(f"{what}: {bad.wrong} of {count} elements wrong, first at index {bad.index}: found {bad.found}, "
+                     f"expected {bad.expected}" for what, bad, count in wrong[:3])
+    said += f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
     return Finding(gpu_index, "", f"collectives on the {axis} group", f"the known answer of each collective on "
                    f"group {members} at rank {rank}", said, "interconnect", "triage", WRONG_ON_A_GROUP)

@@ -9,7 +9,8 @@ hooks), which the check cannot tell apart from the GPU: to triage as well."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from stackproof.judge.findings import Finding
 
@@ -21,12 +22,38 @@ SAMPLER = "DistributedSampler's shards: check the image's torch (torch.utils.dat
 LOSS = "the training loop's loss: check the image's kernels (the convolutions and GEMM checks) and the optimizer"
 
 
+MASK = (1 << 64) - 1
+
+
+def fingerprint(index: int) -> int:
+    """splitmix64: a well-spread 64-bit value per index, so sums of them fingerprint a set of indices."""
+    z = (index + 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def shards_problem(summaries: Sequence[Mapping[str, int | bool]], size: int) -> str:
+    """'' when the ranks' shards (measure/training.py shard_summary) are disjoint and cover range(size): counts add
+    up to size, no rank repeats or strays, and the fingerprints add up to range(size)'s (a missing index and a
+    duplicate elsewhere would have to collide in 64 bits to hide)."""
+    bad = [r for r, s in enumerate(summaries) if not (s["in_range"] and s["unique"])]
+    if bad:
+        return f"rank(s) {bad} hold an index out of range or twice"
+    total = sum(int(s["count"]) for s in summaries)
+    if total != size:
+        return f"the shards hold {total} samples in all, expected {size} (each sample exactly once)"
+    if sum(int(s["fingerprint"]) for s in summaries) & MASK != sum(fingerprint(i) for i in range(size)) & MASK:
+        return "the shards overlap or miss samples (their fingerprints do not add up to the dataset's)"
+    return ""
+
+
 def _software(gpu_index: int | None, check: str, expected: str, found: str, fix: str) -> Finding:
     return Finding(gpu_index, "", check, expected, found, "software-pins", "triage", fix)
 
 
 def shards_wrong(problems: Sequence[str], reshuffled: bool) -> list[Finding]:
-    """Each epoch's shards overlap or miss samples (training.shards_problem's words), or did not reshuffle."""
+    """Each epoch's shards overlap or miss samples (shards_problem's words), or did not reshuffle."""
     found = [_software(None, "DistributedSampler shards", "disjoint shards that cover the dataset",
                        f"epoch {epoch}: {problem}", SAMPLER) for epoch, problem in enumerate(problems) if problem]
     if not reshuffled:
@@ -50,8 +77,14 @@ def disagrees(what: str, rank: int, gpu_index: int | None, found: str) -> Findin
                    "rank's", found, "interconnect", "triage", RANKS_DISAGREE)
 
 
-def step_off(rank: int, lr: float, problems: Sequence[str], gpu_index: int | None) -> list[Finding]:
-    """One DDP step whose parameters or buffers left the float64 reference (each problem: a tensor in words)."""
+def step_off(rank: int, lr: float, unsynced: Sequence[str], offs: Mapping[str, Any],
+             gpu_index: int | None) -> list[Finding]:
+    """One DDP step against its float64 reference: tensors still unlike rank 0's after DDP's start-up broadcast,
+    and the parameters and buffers (measure/training.py Off, by name) with elements beyond their bound."""
+    problems = [f"after DDP's start-up broadcast, {len(unsynced)} tensors still differ from rank 0's, first "
+                f"{unsynced[0]}"] if unsynced else []
+    problems += [f"{name}: {o.beyond} of {o.count} elements off, worst at flat index {o.index}: found {o.found:.8g}, "
+                 f"expected {o.expected:.8g} +- {o.bound:.2g}" for name, o in offs.items() if o.beyond]
     if not problems:
         return []
     said = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from stackproof.judge import parallel_groups as layout
-from stackproof.measure.known_answers import first_mismatch
+from stackproof.measure.known_answers import Mismatch, first_mismatch
 
 COUNTS = (4097, (1 << 16) + 3)  # odd: no vector width divides them
 
@@ -28,13 +28,16 @@ def values(rank: int, count: int, dtype: torch.dtype, device: torch.device) -> t
     return layout.group_value(rank, torch.arange(count, device=device, dtype=torch.float64)).to(dtype)
 
 
-def _wrong(what: str, found: torch.Tensor, want: torch.Tensor) -> list[str]:
+# A collective whose answer was wrong on this rank: (what it was, its first wrong element, the elements it gave).
+Wrong = tuple[str, Mismatch, int]
+
+
+def _wrong(what: str, found: torch.Tensor, want: torch.Tensor) -> list[Wrong]:
     bad = first_mismatch(found, want)
-    return [] if bad is None else [f"{what}: {bad.wrong} of {want.numel()} elements wrong, first at index "
-                                   f"{bad.index}: found {bad.found}, expected {bad.expected}"]
+    return [] if bad is None else [(what, bad, want.numel())]
 
 
-def all_reduce(group, members, rank, dtype, device) -> list[str]:
+def all_reduce(group, members, rank, dtype, device) -> list[Wrong]:
     """Tensor parallelism's row-parallel layer output: a sum over the group only."""
     problems = []
     for count in COUNTS:
@@ -45,7 +48,7 @@ def all_reduce(group, members, rank, dtype, device) -> list[str]:
     return problems
 
 
-def all_gather_reduce_scatter(group, members, rank, dtype, device) -> list[str]:
+def all_gather_reduce_scatter(group, members, rank, dtype, device) -> list[Wrong]:
     """Data parallelism under FSDP / ZeRO: parameters all-gathered, gradients reduce-scattered, in the group."""
     problems, size, index = [], len(members), members.index(rank)
     for count in COUNTS:
@@ -63,7 +66,7 @@ def all_gather_reduce_scatter(group, members, rank, dtype, device) -> list[str]:
     return problems
 
 
-def pipeline_send_recv(group, shape, rank, dtype, device) -> list[str]:
+def pipeline_send_recv(group, shape, rank, dtype, device) -> list[Wrong]:
     """Pipeline parallelism: activations to the next stage, then gradients back to the previous one, by
     batch_isend_irecv on the pipeline's group (peers named by global rank)."""
     problems = []

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 import torch
 
+from stackproof.judge import training as judged
+
 NUM_CLASSES = 1000
 
 
@@ -49,37 +51,13 @@ class SyntheticImages(torch.utils.data.Dataset):
         return torch.stack(images), torch.stack(labels)
 
 
-_MASK = (1 << 64) - 1
-
-
-def _mix(index: int) -> int:
-    """splitmix64: a well-spread 64-bit value per index, so sums of them fingerprint a set of indices."""
-    z = (index + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
 
 
 def shard_summary(shard: list[int], size: int) -> dict[str, int | bool]:
     """What rank 0 needs to prove the shards disjoint and covering without seeing them: their size, whether
     every index is in range and unique within the shard, and a sum of per-index fingerprints."""
     return {"count": len(shard), "in_range": all(0 <= i < size for i in shard), "unique": len(set(shard)) == len(shard),
-            "fingerprint": sum(_mix(i) for i in shard) & _MASK}
-
-
-def shards_problem(summaries: list[dict[str, int | bool]], size: int) -> str:
-    """'' when the ranks' shards are disjoint and cover range(size): counts add up to size, no rank repeats or
-    strays, and the fingerprints add up to range(size)'s (a missing index and a duplicate elsewhere would
-    have to collide in 64 bits to hide)."""
-    bad = [r for r, s in enumerate(summaries) if not (s["in_range"] and s["unique"])]
-    if bad:
-        return f"rank(s) {bad} hold an index out of range or twice"
-    total = sum(int(s["count"]) for s in summaries)
-    if total != size:
-        return f"the shards hold {total} samples in all, expected {size} (each sample exactly once)"
-    if sum(int(s["fingerprint"]) for s in summaries) & _MASK != sum(_mix(i) for i in range(size)) & _MASK:
-        return "the shards overlap or miss samples (their fingerprints do not add up to the dataset's)"
-    return ""
+            "fingerprint": sum(judged.fingerprint(i) for i in shard) & judged.MASK}
 
 
 def digest(tensors: Iterable[torch.Tensor]) -> str:
@@ -281,3 +259,28 @@ def reference_step(world: int) -> ReferenceStep:
     params = {name: start[name].double() - REFERENCE_LR * grads[name] / world for name in grads}
     return ReferenceStep(params, {name: total / world for name, total in magnitudes.items()}, buffers,
                          buffer_magnitudes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Off:
+    """A tensor against its float64 reference: the worst error over its bound (`ratio`), how many of its `count`
+    elements are beyond their bound (`beyond`), and the element furthest beyond (flat index, found, expected,
+    bound)."""
+    ratio: float
+    beyond: int
+    count: int
+    index: int
+    found: float
+    expected: float
+    bound: float
+
+
+def off(found: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> Off:
+    error = (found.detach().cpu().double() - want.double()).abs()
+    ratio = float((error / bound.clamp(min=1e-300)).max()) if error.numel() else 0.0
+    excess = (error - bound).reshape(-1)
+    worst = int(excess.argmax()) if excess.numel() else 0
+    return Off(ratio, int((excess > 0).sum()), excess.numel(), worst,
+               found.reshape(-1)[worst].item() if excess.numel() else 0.0,
+               want.reshape(-1)[worst].item() if excess.numel() else 0.0,
+               bound.reshape(-1)[worst].item() if excess.numel() else 0.0)
