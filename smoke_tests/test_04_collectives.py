@@ -6,6 +6,7 @@ patterns checked byte for byte. The inputs' exact answer is known at any world s
 (stackproof/judge/known_answers.py); every call on a shape gets fresh data, so a stale buffer shows; and floating
 sums hold elements that tell round-to-nearest from truncation."""
 
+import dataclasses
 import time
 
 import pytest
@@ -99,7 +100,12 @@ def _wrong(dist_env, what: str, count: int, found: torch.Tensor, want: torch.Ten
 
 
 def _judged(found: list[Finding | None]) -> Judged:
-    return Judged([f for f in found if f], hint=HINT)
+    """One finding a check and rank, as a scheduler's reason counts them: the first wrong case, and how many more
+    (every case of a check is the same path, judged the same way)."""
+    found = [f for f in found if f]
+    if len(found) > 1:
+        found = [dataclasses.replace(found[0], found=f"{found[0].found}; and {len(found) - 1} more case(s) wrong")]
+    return Judged(found, hint=HINT)
 
 
 def test_barrier(dist_env, settings, report):

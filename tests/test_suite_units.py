@@ -123,8 +123,8 @@ IDENTITIES = [{"rank": r, "node": f"n{1 + r // 4}", "host": f"n{1 + r // 4}", "n
 
 def test_the_report_names_the_node_and_gpu_of_a_failing_rank(tmp_path):
     report = _finished([Check("test_04_collectives.py::test_barrier"),
-                        Check("test_04_collectives.py::test_all_reduce[sum-float32]", "failed", message="wrong",
-                              failed_ranks=[6])], IDENTITIES)
+                        Check("test_04_collectives.py::test_all_reduce[sum-float32]", "failed",
+                              message="wrong " * 100, failed_ranks=[6])], IDENTITIES)  # longer than the column
     nodes = {n["node"]: n for n in report.nodes()}
     assert nodes["n1"]["verdict"] == "PASS" and nodes["n2"]["verdict"] == "FAIL"
     assert nodes["n2"]["failed_checks"] == [{"check": "collectives::all_reduce[sum-float32]", "ranks": [6]}]

@@ -74,14 +74,16 @@ def remedy_lines(report: Report) -> list[str]:
 
 
 def note(report: Report, check: Check) -> str:
-    """The table's last column: why it failed (where) and the fix, or why it was skipped."""
+    """The table's last column: where it failed, why, and the fix; or why it was skipped. Where comes first: the
+    column is cut at HINT_WIDTH, and a long message must not cut the rank, node and GPU off."""
     if check.outcome == "passed":
         return ""
     first = first_line(check.message)
     if check.outcome == "failed" and check.failed_ranks and report.ranks:
         shown = check.failed_ranks[:RANKS_SHOWN]
-        first += " [" + "; ".join(report.where(r) for r in shown) + \
-            (f"; +{len(check.failed_ranks) - RANKS_SHOWN} more" if len(check.failed_ranks) > RANKS_SHOWN else "") + "]"
+        first = "[" + "; ".join(report.where(r) for r in shown) + \
+            (f"; +{len(check.failed_ranks) - RANKS_SHOWN} more" if len(check.failed_ranks) > RANKS_SHOWN else "") + \
+            "] " + first
     if check.outcome == "failed" and check.hint:
         return f"{first} -- fix: {check.hint}"
     return first
