@@ -26,10 +26,17 @@ from stackproof.images import bake
 from stackproof.images.locks import read_lock
 from stackproof.images.matrix import REPO_ROOT
 
+ENGINE_FAILED = 125  # docker's own exit code when the engine, not the command, failed
+
 
 def run(tag: str, *cmd: str, entrypoint: str | None = None) -> str:
     docker = ["docker", "run", "--rm", *(["--entrypoint", entrypoint] if entrypoint else []), tag, *cmd]
     proc = subprocess.run(docker, capture_output=True, text=True, timeout=300)
+    if proc.returncode == ENGINE_FAILED and "OCI runtime create failed" in proc.stderr:
+        # runc could not start the container (CI once: "read init-p: connection reset by peer" on a loaded
+        # 2-core host): the engine's hiccup, not the image's; one more try, and a second failure stands.
+        time.sleep(2)
+        proc = subprocess.run(docker, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{' '.join(docker)}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
