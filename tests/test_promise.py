@@ -4,6 +4,7 @@ exit 4. Judged as pure functions over the suite's real declarations (collected f
 and over recorded reports of healthy runs: 1 x H200 (full, fast, burn: the configuration that failed with exit 4
 before the declarations), 2 x H200 (fast), two emulated nodes on one H200, and CPU ranks."""
 
+import ast
 import copy
 import json
 import os
@@ -74,6 +75,23 @@ def test_a_declaration_of_no_known_tier_is_refused():
 
 
 # --- the suite's own declarations --------------------------------------------------------------------------------
+
+def test_every_check_of_the_suite_hands_over_its_judgement_and_none_asserts():
+    """A check's one interface (run/plugin.py pytest_pyfunc_call): its findings, returned in a Judged, carry what a
+    failure means. An assert in a check would say it nowhere (unclassified): none is left, and a new one fails
+    here. A check that only measures (the barrier: its failure is a hang or an exception) returns nothing."""
+    asserting, judging = [], 0
+    for path in sorted((Path(__file__).parent.parent / "smoke_tests").glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            inner = list(ast.walk(node))
+            judging += any(isinstance(n, ast.Return) and n.value is not None for n in inner)
+            asserting += [f"{path.name}::{node.name}" for n in inner if isinstance(n, ast.Assert)
+                          or (isinstance(n, ast.Raise) and "AssertionError" in ast.unparse(n))
+                          or (isinstance(n, ast.Call) and ast.unparse(n.func) == "pytest.fail")]
+    assert asserting == [] and judging >= 60, (asserting, judging)
+
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
