@@ -86,9 +86,6 @@ def _skip_unsupported(op: str, dtype: torch.dtype, dist_env) -> None:
         pytest.skip(f"this torch's gloo cannot average ({err}); NCCL can: covered on GPU runs")
 
 
-def _gpu(dist_env) -> int | None:
-    return dist_env.device.index if dist_env.is_gpu else None
-
 
 def _wrong(dist_env, what: str, count: int, found: torch.Tensor, want: torch.Tensor, ulps: int = 0
            ) -> Finding | None:
@@ -96,7 +93,7 @@ def _wrong(dist_env, what: str, count: int, found: torch.Tensor, want: torch.Ten
     if bad is None:
         return None
     return data.wrong_values("collective", f"{what}, count {count} ({count * found.element_size()} B)", bad,
-                             _gpu(dist_env))
+                             dist_env.gpu_index)
 
 
 def _judged(found: list[Finding | None]) -> Judged:
@@ -135,7 +132,7 @@ def test_all_reduce(op, dtype_name, dist_env, settings, report):
                 if not torch.equal(buffer, mine):
                     found.append(data.wrong_data("collective", f"rank {rank}, op {op}, dtype {dtype_name}, count "
                                                  f"{count}, out-of-place", "its input buffer", "left as it was",
-                                                 "changed by the collective", _gpu(dist_env)))
+                                                 "changed by the collective", dist_env.gpu_index))
             if faults.active(settings, "allreduce-add-one", rank):
                 result = result + 1
             placement = f"{'in-place' if in_place else 'out-of-place'}, offset {offset}, call {call}"
@@ -233,7 +230,7 @@ def test_all_gather(dtype_name, dist_env, settings, report):
             bad = first_mismatch(output, want)
             if bad:
                 found.append(data.wrong_values("collective", f"rank {rank}, all_gather, dtype {dtype_name}, call "
-                                               f"{call}, count {count} per rank", bad, _gpu(dist_env),
+                                               f"{call}, count {count} per rank", bad, dist_env.gpu_index,
                                                f"index {bad.index} (from rank {bad.index // count})"))
     return _judged(found)
 
@@ -260,7 +257,7 @@ def _splits(world: int, count: int, even: bool) -> list[list[int]]:
 
 
 def _moved_wrong(dist_env, wrong: list[tuple[str, str, object]]) -> Judged:
-    return _judged([data.wrong_bytes(path, what, bad, _gpu(dist_env)) for path, what, bad in wrong])
+    return _judged([data.wrong_bytes(path, what, bad, dist_env.gpu_index) for path, what, bad in wrong])
 
 
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)

@@ -36,6 +36,6 @@ def test_collectives_on_sub_groups(axis, dist_env, report):
             problems += groups.all_gather_reduce_scatter(group, members, rank, dtype, device)
     if dist_env.is_gpu:
         torch.cuda.synchronize(device)
-    gpu = device.index if dist_env.is_gpu else None
+    gpu = dist_env.gpu_index
     return Judged([layout.wrong_on_group(axis, members, rank, problems, gpu)] if problems else [],
                   hint=layout.WRONG_ON_A_GROUP)

@@ -29,15 +29,12 @@ def sweep(dist_env, settings):
     return rows, wrong
 
 
-def _gpu(dist_env) -> int | None:
-    return dist_env.device.index if dist_env.is_gpu else None
-
 
 def _sums_wrong(dist_env, wrong: dict, what: str) -> list[Finding]:
     """This rank's wrong sums (each rank checks its own result: nothing to agree on), as findings on the
     collective's links, one per size."""
     return [data.wrong_data("collective", f"{what} of {size} B on rank {dist_env.rank} of {dist_env.world_size}",
-                            *_split(bad), _gpu(dist_env)) for size, bad in sorted(wrong.items())]
+                            *_split(bad), dist_env.gpu_index) for size, bad in sorted(wrong.items())]
 
 
 def _split(bad) -> tuple[str, str, str]:
@@ -94,7 +91,7 @@ def test_all_reduce_busbw(sweep, gpus, fabrics, dist_env, settings, report):
         pytest.skip(f"no bar to hold busbw to: {threshold.source}" if dist_env.is_gpu else
                     "CPU (gloo) run: the sweep above is measured, but no bar is derived without GPUs; "
                     "pass --min-busbw to set one")
-    found += per_gpu.below_bar(_gpu(dist_env), "", f"all_reduce busbw at {largest.size_bytes} B",
+    found += per_gpu.below_bar(dist_env.gpu_index, "", f"all_reduce busbw at {largest.size_bytes} B",
                                largest.busbw_gbps, threshold, 1, "GB/s", bars.BUSBW_FIX, digits=1)
     return Judged(found, hint=bars.BUSBW_FIX)
 
@@ -119,7 +116,7 @@ def test_all_reduce_from_a_cuda_graph(dist_env, settings, report):
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         fix = ("check the driver against the image's CUDA and that no NCCL_* setting (e.g. NCCL_GRAPH_REGISTER, "
                "NCCL_RUNTIME_CONNECT) breaks capture")
-        return Judged([Finding(_gpu(dist_env), "", "all_reduce from a CUDA graph", f"NCCL "
+        return Judged([Finding(dist_env.gpu_index, "", "all_reduce from a CUDA graph", f"NCCL "
                                f"{'.'.join(map(str, torch.cuda.nccl.version()))} to capture it (NCCL >= 2.9.6 can)",
                                first, "configuration", "triage", fix)], hint=fix)
     report.say("\n" + bandwidth.format_table(rows, (

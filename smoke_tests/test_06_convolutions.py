@@ -96,5 +96,5 @@ def test_convolutions_give_the_known_answer(dtype_name, dist_env, report):
     said = f"{_backend(device)}, {dtype_name}, channels_last: " + "; ".join(failures[:3]) + (
         f" (and {len(failures) - 3} more shapes)" if len(failures) > 3 else "")
     return Judged([software.wrong_convolutions(_backend(device), dist_env.is_gpu, said,
-                                               device.index if dist_env.is_gpu else None)] if failures else [],
+                                               dist_env.gpu_index)] if failures else [],
                   hint=software.CONVOLUTIONS_WRONG)

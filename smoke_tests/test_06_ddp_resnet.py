@@ -115,9 +115,6 @@ def run(dist_env, settings):
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def _gpu(dist_env) -> int | None:
-    return dist_env.device.index if dist_env.is_gpu else None
-
 
 def test_sampler_shards_are_disjoint_and_cover_the_dataset(run, report):
     report.figure("samples", run["size"])
@@ -137,12 +134,12 @@ def test_loss_is_finite_and_decreasing(run, dist_env, report):
                                 "dtype": str(shape.dtype).removeprefix("torch."), "losses": losses,
                                 "bench_steps": run["bench_steps"], "channels_last": dist_env.is_gpu,
                                 "cudnn_benchmark": torch.backends.cudnn.benchmark})
-    return Judged(judged.loss_wrong(losses, _gpu(dist_env)), hint=judged.LOSS)
+    return Judged(judged.loss_wrong(losses, dist_env.gpu_index), hint=judged.LOSS)
 
 
 def test_gradients_are_identical_across_ranks(run, dist_env, report):
     rank = dist_env.rank
-    return Judged([judged.disagrees("gradients", rank, _gpu(dist_env), f"after backward at step {step}: digest "
+    return Judged([judged.disagrees("gradients", rank, dist_env.gpu_index, f"after backward at step {step}: digest "
                                     f"{run['mine']['grads'][step]}, rank 0 has {reference}")
                    for step, (reference, odd) in enumerate(run["verdict"]["grads"]) if rank in odd][:1],
                   hint=judged.RANKS_DISAGREE)
@@ -153,14 +150,14 @@ def test_parameters_are_identical_after_the_step(run, dist_env, report):
     if dist_env.rank in verdict["params"]:
         mine = training.per_tensor_digests(run["model"].named_parameters())
         first = training.first_difference(mine, verdict["reference_params"])
-        found.append(judged.disagrees("parameters", dist_env.rank, _gpu(dist_env), f"after "
+        found.append(judged.disagrees("parameters", dist_env.rank, dist_env.gpu_index, f"after "
                                       f"{len(run['mine']['grads'])} steps, different first in {first}"))
     return Judged(found, hint=judged.RANKS_DISAGREE)
 
 
 def test_checkpoint_reloads_identically_on_every_rank(run, dist_env, report):
     report.figure("digest", run["mine"]["checkpoint"])
-    return Judged([judged.disagrees("reloaded checkpoint", dist_env.rank, _gpu(dist_env), "rank 0's checkpoint "
+    return Judged([judged.disagrees("reloaded checkpoint", dist_env.rank, dist_env.gpu_index, "rank 0's checkpoint "
                                     "reloaded into different weights")]
                   if dist_env.rank in run["verdict"]["checkpoint"] else [], hint=judged.RANKS_DISAGREE)
 
@@ -197,4 +194,5 @@ def test_one_step_equals_a_single_process_reference(dist_env, report):
         for name, buffer in model.named_buffers()}
     report.figure("reference", f"{world} shards x {training.REFERENCE_BATCH} images, float64 on the CPU")
     report.figure("worst_error_over_tolerance", round(max((o.ratio for o in offs.values()), default=0.0), 4))
-    return Judged(judged.step_off(rank, training.REFERENCE_LR, unsynced, offs, _gpu(dist_env)), hint=judged.STEP_OFF)
+    return Judged(judged.step_off(rank, training.REFERENCE_LR, unsynced, offs, dist_env.gpu_index),
+                  hint=judged.STEP_OFF)

@@ -36,6 +36,6 @@ def test_training_step_equals_the_float64_reference(mode, precision, dist_env, r
     report.figure("worst_step_over_tolerance", round(max(r for r, _ in worst_step.values()), 3))
     report.figure("global_batch", f"{world} ranks x {shape.micro_batches} micro-batches x {shape.batch}")
     problems = judged.problems(worst_grads, "gradient of") + judged.problems(worst_step, "AdamW step of")
-    gpu = dist_env.device.index if dist_env.is_gpu else None
+    gpu = dist_env.gpu_index
     return Judged([judged.step_wrong(dist_env.rank, mode, precision, problems, gpu)] if problems else [],
                   hint=judged.STEP_WRONG)

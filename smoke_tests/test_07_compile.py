@@ -80,7 +80,7 @@ def test_torch_compile_matches_eager(dist_env, report):
     report.figure("generated_kernels", metrics.generated_kernel_count)
     eager = software.compile_proof({k: dict(v) for k, v in counters.items()}, metrics.generated_kernel_count,
                                    backend)
-    gpu = dist_env.device.index if dist_env.is_gpu else None
+    gpu = dist_env.gpu_index
     if eager is not None:
         return Judged([eager], hint=fix)
     return Judged([software.compiled_differs(call + 1, CALLS, differs, gpu) for call, ((x, y), result) in

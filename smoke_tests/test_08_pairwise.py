@@ -78,7 +78,7 @@ def _judged(dist_env, settings, exchanges, verdict, also: str = "") -> Judged:
     """Each rank judges what it received itself (no agreement needed): a wrong byte is a finding on the link
     from its sender, with where it was and what it held. Every rank the verdict names fails with the same
     finding (judge/pairwise.py's blamed). With neither, pairs that had no bar to be held to are skipped."""
-    gpu = dist_env.device.index if dist_env.is_gpu else None
+    gpu = dist_env.gpu_index
     found = [data.wrong_bytes("send/recv", f"{_nbytes(settings, dist_env)} B from rank {ex['peer']} to rank "
                               f"{dist_env.rank}", patterns.WrongBytes(**ex["wrong"]), gpu)
              for ex in exchanges if ex.get("wrong")]

@@ -109,6 +109,6 @@ def test_no_rank_arrives_late(phase, dist_env, settings, report, stack):
     if dist_env.rank not in verdict["judged"]:
         pytest.skip("every other rank shares this rank's GPU (emulated nodes): the GPU's time-slicing, not a rank, "
                     "decides who finishes first; measured, not judged")
-    gpu = dist_env.device.index if dist_env.is_gpu else None
+    gpu = dist_env.gpu_index
     return Judged([judged.late(phase, slow, tolerance, gpu) for slow in verdict["slow"]
                    if slow["rank"] == dist_env.rank], hint=judged.LATE_FIX, where=dist_env.node)

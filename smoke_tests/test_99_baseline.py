@@ -47,5 +47,5 @@ def test_figures_hold_their_baseline(dist_env, settings, report):
     if not answer["compared"]:
         pytest.skip(f"this run measured none of the figures of {settings.baseline} ({answer['key']}); run the "
                     "checks the baseline was made from")
-    gpu = dist_env.device.index if dist_env.is_gpu else None
+    gpu = dist_env.gpu_index
     return Judged(judge.worse_findings(answer["worse"].get(str(dist_env.rank), []), gpu), hint=judge.WORSE_FIX)

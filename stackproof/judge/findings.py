@@ -20,7 +20,7 @@ and a node's action is the strongest the policy table gives over its findings (s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 CATEGORIES = ("gpu-hardware", "interconnect", "performance", "software-pins", "configuration", "unclassified",
@@ -104,6 +104,13 @@ def worst(findings: list[Finding]) -> tuple[str, str] | None:
 MESSAGE_FINDINGS = 3  # a failure's message names this many of its findings
 
 
+def first_of(items: Sequence[str], shown: int, sep: str = "; ") -> str:
+    """The first `shown` of `items` joined, and how many more there are: what a message or a finding says of a
+    list whose whole is in the record."""
+    more = f" (and {len(items) - shown} more)" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more
+
+
 @dataclasses.dataclass(frozen=True)
 class Judged:
     """A check's answer on this rank: what its judge step found, which the suite's runner hands over (run/plugin.py
@@ -120,7 +127,5 @@ class Judged:
     @property
     def message(self) -> str:
         """The first MESSAGE_FINDINGS findings, and how many more (every one is in the record)."""
-        said = " | ".join(map(str, self.findings[:MESSAGE_FINDINGS]))
-        if len(self.findings) > MESSAGE_FINDINGS:
-            said += f" (and {len(self.findings) - MESSAGE_FINDINGS} more)"
+        said = first_of([str(f) for f in self.findings], MESSAGE_FINDINGS, " | ")
         return f"{self.where}: {said}" if self.where else said

@@ -4,7 +4,7 @@ runs on them. Pure: ranks and index arrays in, ranks and values out (+ - * // % 
 
 from __future__ import annotations
 
-from stackproof.judge.findings import Finding
+from stackproof.judge.findings import Finding, first_of
 
 WRONG_ON_A_GROUP = ("a collective on a sub-group gave a wrong answer: the group's communicator (NCCL_* split "
                     "settings, ncclCommSplit), the driver/NCCL pair, or the link between these ranks")
@@ -79,8 +79,7 @@ def wrong_on_group(axis: str, members: list[int], rank: int, wrong: list, gpu_in
     """The collectives of one axis's group that gave this rank a wrong answer (measure/parallel_groups.py's
     readings: what it was, its first wrong element (index, found, expected, wrong), the elements it gave): on the
     group's links or its communicator, for someone to look at."""
-    said = "; ".join(f"{what}: {bad.wrong} of {count} elements wrong, first at index {bad.index}: found {bad.found}, "
-                     f"expected {bad.expected}" for what, bad, count in wrong[:3])
-    said += f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+    said = first_of([f"{what}: {bad.wrong} of {count} elements wrong, first at index {bad.index}: found "
+                     f"{bad.found}, expected {bad.expected}" for what, bad, count in wrong], 3)
     return Finding(gpu_index, "", f"collectives on the {axis} group", f"the known answer of each collective on "
                    f"group {members} at rank {rank}", said, "interconnect", "triage", WRONG_ON_A_GROUP)

@@ -92,7 +92,8 @@ MEMTEST_SHORT_FIX = ("free the GPU's memory (another process holds it: nvidia-sm
                      "allocator's pieces were too small: run DCGM's memory test (dcgmi diag -r 3)")
 
 
-def memtest_short(gpu_index: int, uuid: str, tested_bytes: int, free_bytes: int, chunk_bytes: int) -> list[Finding]:
+def memtest_short(gpu_index: int | None, uuid: str, tested_bytes: int, free_bytes: int, chunk_bytes: int
+                  ) -> list[Finding]:
     """A memory test that could take less than half the free memory has not tested the GPU: to say, not a pass."""
     if tested_bytes >= free_bytes // 2:
         return []
@@ -103,7 +104,7 @@ def memtest_short(gpu_index: int, uuid: str, tested_bytes: int, free_bytes: int,
                     "triage", MEMTEST_SHORT_FIX)]
 
 
-def below_bar(gpu_index: int, uuid: str, what: str, value: float, bar: Bar, scale: float, unit: str, action: str,
+def below_bar(gpu_index: int | None, uuid: str, what: str, value: float, bar: Bar, scale: float, unit: str, action: str,
               category: str = "performance", digits: int = 2, why: str = "") -> list[Finding]:
     """A finding when a GPU's figure is below its bar (none without a bar); `why`: what the GPU said of it (clocks
     held back)."""

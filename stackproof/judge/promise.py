@@ -86,8 +86,6 @@ class Needs:
                 if getattr(self, f.name) != getattr(default, f.name)}
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Declaration:
     """One check's declaration: `pytest.mark.check(tiers, needs, optional=..., optional_on=..., promised_by=...)`.

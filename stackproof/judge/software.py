@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from packaging.version import Version
+
 from stackproof.judge.findings import Finding
 
 REBUILD = "rebuild the image from its lock (make build); a library or wheel other than the lock's is loaded"
@@ -49,7 +51,7 @@ def compiled_differs(call: int, calls: int, detail: str, gpu_index: int | None) 
 
 
 def _major_minor(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split(".")[:2])
+    return Version(version).release[:2]
 
 
 def minor_version_compatible(built: str, driver: str) -> bool:

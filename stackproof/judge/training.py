@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stackproof.judge.findings import Finding
+from stackproof.judge.findings import Finding, first_of
 
 RANKS_DISAGREE = "DDP's gradient all_reduce gave ranks different answers: a broken NCCL/driver or GPU"
 STEP_OFF = ("DDP's step differs from the same step in float64: check the convolution / BatchNorm kernels (the "
@@ -20,8 +20,6 @@ STEP_OFF = ("DDP's step differs from the same step in float64: check the convolu
             "broadcast (broadcast_buffers, init_sync) and the backend")
 SAMPLER = "DistributedSampler's shards: check the image's torch (torch.utils.data.distributed) and set_epoch's use"
 LOSS = "the training loop's loss: check the image's kernels (the convolutions and GEMM checks) and the optimizer"
-
-
 MASK = (1 << 64) - 1
 
 
@@ -87,6 +85,6 @@ def step_off(rank: int, lr: float, unsynced: Sequence[str], offs: Mapping[str, A
                  f"expected {o.expected:.8g} +- {o.bound:.2g}" for name, o in offs.items() if o.beyond]
     if not problems:
         return []
-    said = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
     return [_software(gpu_index, "DDP step against its float64 reference", f"rank {rank} after one DDP step (SGD "
-                      f"lr {lr}, ranks seeded apart) within float32's rounding of the reference", said, STEP_OFF)]
+                      f"lr {lr}, ranks seeded apart) within float32's rounding of the reference",
+                      first_of(problems, 3), STEP_OFF)]

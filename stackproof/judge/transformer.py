@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stackproof.judge.findings import Finding
+from stackproof.judge.findings import Finding, first_of
 
 MODES = ("ddp", "fsdp2")
 PRECISIONS = ("float32", "bfloat16", "float16")  # float32: no autocast; float16: autocast with a GradScaler
@@ -57,6 +57,6 @@ STEP_WRONG = ("a training step differs from its float64 reference: an attention 
 def step_wrong(rank: int, mode: str, precision: str, wrong: list[str], gpu_index: int | None) -> Finding:
     """A training step whose gradients or weights left their float64 reference (`wrong`: problems' lines): the
     image's kernels or its parallelism, which the reference cannot tell apart from the GPU's: to triage."""
-    said = "; ".join(wrong[:4]) + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else "")
     return Finding(gpu_index, "", f"{mode} {precision} training step", f"rank {rank}'s gradients and AdamW step "
-                   "within their float64 reference's tolerance", said, "software-pins", "triage", STEP_WRONG)
+                   "within their float64 reference's tolerance", first_of(wrong, 4), "software-pins", "triage",
+                   STEP_WRONG)

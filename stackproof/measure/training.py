@@ -51,8 +51,6 @@ class SyntheticImages(torch.utils.data.Dataset):
         return torch.stack(images), torch.stack(labels)
 
 
-
-
 def shard_summary(shard: list[int], size: int) -> dict[str, int | bool]:
     """What rank 0 needs to prove the shards disjoint and covering without seeing them: their size, whether
     every index is in range and unique within the shard, and a sum of per-index fingerprints."""
@@ -276,11 +274,10 @@ class Off:
 
 
 def off(found: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> Off:
-    error = (found.detach().cpu().double() - want.double()).abs()
-    ratio = float((error / bound.clamp(min=1e-300)).max()) if error.numel() else 0.0
-    excess = (error - bound).reshape(-1)
-    worst = int(excess.argmax()) if excess.numel() else 0
-    return Off(ratio, int((excess > 0).sum()), excess.numel(), worst,
-               found.reshape(-1)[worst].item() if excess.numel() else 0.0,
-               want.reshape(-1)[worst].item() if excess.numel() else 0.0,
-               bound.reshape(-1)[worst].item() if excess.numel() else 0.0)
+    error = (found.detach().cpu().double() - want.double()).abs().reshape(-1)
+    if not error.numel():
+        return Off(0.0, 0, 0, 0, 0.0, 0.0, 0.0)
+    bound = bound.reshape(-1)
+    worst = int((error - bound).argmax())
+    return Off(float((error / bound.clamp(min=1e-300)).max()), int((error > bound).sum()), error.numel(), worst,
+               found.reshape(-1)[worst].item(), want.reshape(-1)[worst].item(), bound[worst].item())

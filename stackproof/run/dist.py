@@ -61,6 +61,11 @@ class DistEnv:
         return self.device.type == "cuda"
 
     @property
+    def gpu_index(self) -> int | None:
+        """This rank's GPU (the index a finding names), None on a CPU rank."""
+        return self.device.index if self.is_gpu else None
+
+    @property
     def is_main(self) -> bool:
         return self.rank == 0
 
