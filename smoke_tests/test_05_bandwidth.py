@@ -92,7 +92,7 @@ def test_all_reduce_busbw(sweep, gpus, fabrics, dist_env, settings, report):
                     "CPU (gloo) run: the sweep above is measured, but no bar is derived without GPUs; "
                     "pass --min-busbw to set one")
     found += per_gpu.below_bar(dist_env.gpu_index, "", f"all_reduce busbw at {largest.size_bytes} B",
-                               largest.busbw_gbps, threshold, 1, "GB/s", bars.BUSBW_FIX, digits=1)
+                               largest.busbw_gbps, threshold, 1, "GB/s", bars.BUSBW_FIX, digits=3)
     return Judged(found, hint=bars.BUSBW_FIX)
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_validate_cpu import EXIT_FAILED, checks, validate
+from test_validate_cpu import EXIT_FAILED, EXIT_OK, checks, validate
 
 PLUGINS = Path(__file__).parent / "fault_plugins"
 REPO = Path(__file__).parent.parent
@@ -85,6 +85,26 @@ def test_ddp_faults_every_rank_may_agree_on_are_caught(tmp_path, fault, words):
 
 def findings_of(report, name):
     return next(check["findings"] for check in report["checks"] if check["name"] == name)
+
+
+@pytest.mark.parametrize("faults", [[], ["all-reduce-slow"]], ids=["healthy", "slow"])
+def test_busbw_below_its_bar_is_a_performance_finding_and_a_healthy_sweep_passes(tmp_path, faults):
+    """The sweep's largest all_reduce (256 KiB) against --min-busbw 0.005 GB/s: a healthy CPU pair moves it in well
+    under the 52 ms that bar allows; one rank's half-second stall per call reads some 0.0005 GB/s."""
+    proc, report = validate_with_faults(tmp_path, faults, "--sweep-max", "256K", "--warmup", "1", "--iters", "3",
+                                        "--min-busbw", "0.005", "-k", "all_reduce_busbw")
+    check = next(c for c in report["checks"] if c["name"] == "bandwidth::all_reduce_busbw")
+    if not faults:
+        assert proc.returncode == EXIT_OK and check["outcome"] == "passed", proc.stdout[-3000:]
+        return
+    assert proc.returncode == EXIT_FAILED and check["outcome"] == "failed", proc.stdout[-3000:]
+    # on both ranks alike: the sweep's figure is the ranks' mean, and every rank waited on the slow one
+    assert sorted(f["rank"] for f in check["findings"]) == [0, 1], check["findings"]
+    for found in check["findings"]:
+        assert (found["category"], found["severity"], found["check"]) == ("performance", "triage",
+                                                                          "all_reduce busbw at 262144 B")
+        assert found["expected"] == ">= 0.005 GB/s (--min-busbw)", found
+    assert check["hint"].startswith("busbw below")
 
 
 def test_data_moved_wrong_is_a_finding_on_the_link_with_the_byte(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import time
 
 import torch
 import torch.distributed as dist
@@ -72,6 +73,20 @@ def _mid_range_corrupts(_rank):
         if 64 * KiB <= nbytes <= 4 * MiB and nbytes % (4 * KiB) == 0:
             tensor.view(-1)[tensor.numel() // 2] += 1
         return work
+    dist.all_reduce = all_reduce
+
+
+@fault("all-reduce-slow")
+def _all_reduce_slow(rank):
+    """One rank's all_reduce of 256 KiB and more takes half a second longer (a link that crawls): every rank waits
+    for it, and the sweep's largest message reads some 0.0005 GB/s."""
+    real = dist.all_reduce
+
+    @functools.wraps(real)
+    def all_reduce(tensor, *args, **kwargs):
+        if _on(rank) and tensor.numel() * tensor.element_size() >= 256 * KiB:
+            time.sleep(0.5)
+        return real(tensor, *args, **kwargs)
     dist.all_reduce = all_reduce
 
 
