@@ -107,6 +107,33 @@ def test_busbw_below_its_bar_is_a_performance_finding_and_a_healthy_sweep_passes
     assert check["hint"].startswith("busbw below")
 
 
+def test_a_rank_whose_training_drifts_is_named_by_the_ddp_checks(tmp_path):
+    """Beneath the suite on rank 1: DDP's mean gradient arrives off, its checkpoint reads wrong, its sampler yields
+    rank 0's shard. The checks that compare ranks name rank 1; the sampler's names the overlap (on every rank)."""
+    proc, report = validate_with_faults(tmp_path, ["ddp-mean-differs-on-one-rank", "checkpoint-load-corrupts",
+                                                   "sampler-overlaps"],
+                                        "-k", "ddp_resnet and not single_process")
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = {name: check for name, check in checks(report, "failed").items()}
+    for name in ("gradients_are_identical_across_ranks", "parameters_are_identical_after_the_step",
+                 "checkpoint_reloads_identically_on_every_rank"):
+        check = failed[f"ddp_resnet::{name}"]
+        assert check["failed_ranks"] == [1] and {(f["rank"], f["category"]) for f in check["findings"]} == {
+            (1, "interconnect")}, check
+    shards = failed["ddp_resnet::sampler_shards_are_disjoint_and_cover_the_dataset"]
+    assert "overlap or miss samples" in shards["message"] and {f["category"] for f in shards["findings"]} == {
+        "software-pins"}, shards
+    assert "ddp_resnet::loss_is_finite_and_decreasing" in checks(report, "passed")
+
+
+def test_a_loss_that_is_not_finite_is_named(tmp_path):
+    proc, report = validate_with_faults(tmp_path, ["loss-not-finite"], "-k", "loss_is_finite")
+    assert proc.returncode == EXIT_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    check = checks(report, "failed")["ddp_resnet::loss_is_finite_and_decreasing"]
+    # rank 1's NaN reaches rank 0 through DDP's mean gradient: both fail, rank 1 first
+    assert check["failed_ranks"] == [0, 1] and "a finite loss at every step" in check["message"], check
+
+
 def test_data_moved_wrong_is_a_finding_on_the_link_with_the_byte(tmp_path):
     """One byte wrong in what rank 1 receives by send/recv and all_to_all_single, and in every all_reduce of the
     sweep's mid range: each path's check fails on the rank that received it, naming the byte."""

@@ -253,6 +253,57 @@ def _ddp_wrong_contribution(rank):
     _ddp_hook(hook)
 
 
+@fault("ddp-mean-differs-on-one-rank")
+def _ddp_mean_differs_on_one_rank(rank):
+    """DDP's averaged gradient arrives 1e-3 off on one rank only (the all_reduce's result corrupted on its way to
+    that GPU): its gradients, and then its weights, leave the others'."""
+    def hook(_state, bucket):
+        def mean(summed):
+            summed.div_(dist.get_world_size())
+            return summed.add_(1e-3) if _on(rank) else summed
+        return _all_reduce_then(bucket.buffer(), mean)
+    _ddp_hook(hook)
+
+
+@fault("checkpoint-load-corrupts")
+def _checkpoint_load_corrupts(rank):
+    """One rank reads a checkpoint with its first floating tensor off by one (a bad read of the shared file)."""
+    real = torch.load
+
+    @functools.wraps(real)
+    def load(*args, **kwargs):
+        state = real(*args, **kwargs)
+        if _on(rank) and isinstance(state, dict):
+            first = next(v for v in state.values() if torch.is_tensor(v) and v.is_floating_point())
+            first.add_(1)
+        return state
+    torch.load = load
+
+
+@fault("sampler-overlaps")
+def _sampler_overlaps(rank):
+    """One rank's DistributedSampler yields rank 0's shard (a seed or rank wired wrong): samples twice, others never."""
+    real = torch.utils.data.DistributedSampler.__iter__
+
+    def iterate(self):
+        if _on(rank):
+            self.rank = 0
+        return real(self)
+    torch.utils.data.DistributedSampler.__iter__ = iterate
+
+
+@fault("loss-not-finite")
+def _loss_not_finite(rank):
+    """One rank's cross-entropy comes back NaN (a kernel's overflow)."""
+    real = F.cross_entropy
+
+    @functools.wraps(real)
+    def cross_entropy(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if _on(rank) else loss
+    F.cross_entropy = cross_entropy
+
+
 @fault("capture-breaks")
 def _capture_breaks(_rank):
     """An all_reduce that cannot be captured in a CUDA graph: it synchronizes the device, which CUDA refuses
